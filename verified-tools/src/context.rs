@@ -1,0 +1,242 @@
+//! The context every wrapped call receives.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::audit::AuditSink;
+use crate::escalation::Escalation;
+use crate::ledger::Ledger;
+use crate::{KeyScope, Mode, RetryPolicy, SideEffect, ToolSpec};
+
+/// A source of "now" for key time buckets and audit timestamps.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn unix_ms(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn unix_ms(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// A clock that follows tokio's time, so paused-time tests and simulations
+/// get deterministic time buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin_unix_ms: u64,
+    origin: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock that reads `origin_unix_ms` now and advances with tokio time.
+    pub fn starting_at(origin_unix_ms: u64) -> Self {
+        Self { origin_unix_ms, origin: tokio::time::Instant::now() }
+    }
+}
+
+impl Clock for TokioClock {
+    fn unix_ms(&self) -> u64 {
+        self.origin_unix_ms + self.origin.elapsed().as_millis() as u64
+    }
+}
+
+/// What a call does when another call holds its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Poll the ledger every `poll` until the other call ends, for at most
+    /// `max`; then refuse with [`CallError::InProgress`](crate::CallError::InProgress).
+    Wait {
+        /// Poll interval.
+        poll: Duration,
+        /// Longest wait.
+        max: Duration,
+    },
+    /// Refuse at once with `CallError::InProgress`.
+    Return,
+}
+
+/// The context of wrapped calls: who calls, how, and where records go.
+///
+/// Cheap to clone (reference counts only); pass `&Context` to every call.
+///
+/// ```
+/// use std::sync::Arc;
+/// use verified_tools::{Context, Mode, RetryPolicy, SideEffect};
+/// use verified_tools::ledger::MemoryLedger;
+///
+/// let cx = Context::new("support-agent")
+///     .with_ledger(Arc::new(MemoryLedger::new()))
+///     .with_policy(SideEffect::High, RetryPolicy::for_class(SideEffect::High).with_retries(2));
+/// let step = cx.for_step("conversation-17", 4);
+/// assert_eq!(step.agent(), "support-agent");
+/// assert_eq!(step.mode(), Mode::VerifyBeforeRetry);
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    agent: Arc<str>,
+    mode: Mode,
+    policies: [RetryPolicy; 4],
+    scope: Option<KeyScope>,
+    in_flight: InFlight,
+    clock: Arc<dyn Clock>,
+    pub(crate) ledger: Option<Arc<dyn Ledger>>,
+    pub(crate) audit: Option<Arc<dyn AuditSink>>,
+    pub(crate) escalation: Option<Arc<dyn Escalation>>,
+}
+
+impl Context {
+    /// A context for `agent`, with the default policies, the wall clock and
+    /// no ledger, audit or escalation.
+    pub fn new(agent: impl Into<Arc<str>>) -> Self {
+        Self {
+            agent: agent.into(),
+            mode: Mode::default(),
+            policies: SideEffect::ALL.map(RetryPolicy::for_class),
+            scope: None,
+            in_flight: InFlight::Wait { poll: Duration::from_millis(50), max: Duration::from_secs(30) },
+            clock: Arc::new(SystemClock),
+            ledger: None,
+            audit: None,
+            escalation: None,
+        }
+    }
+
+    /// The agent id.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// The mode of ambiguity handling.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The default policy of a side-effect class.
+    pub fn policy(&self, class: SideEffect) -> RetryPolicy {
+        self.policies[class.index()]
+    }
+
+    /// The policy of one tool: its class's default, overridden by what the
+    /// tool's attribute set.
+    pub fn policy_for(&self, spec: &ToolSpec) -> RetryPolicy {
+        let mut policy = self.policy(spec.side_effect);
+        if let Some(retries) = spec.retries {
+            policy.retries = retries;
+        }
+        if let Some(timeout) = spec.timeout {
+            policy.attempt_timeout = Some(timeout);
+        }
+        if let Some(on) = spec.verify_response {
+            policy.verify_response = on;
+        }
+        policy
+    }
+
+    /// The key scope of one tool: the context's, else the tool's time bucket,
+    /// else [`KeyScope::DEFAULT`].
+    pub(crate) fn scope_for<'a>(&'a self, spec: &ToolSpec, bucket: &'a mut KeyScope) -> &'a KeyScope {
+        match (&self.scope, spec.bucket) {
+            (Some(scope), _) => scope,
+            (None, Some(width)) => {
+                *bucket = KeyScope::TimeBucket(width);
+                bucket
+            }
+            (None, None) => &KeyScope::DEFAULT,
+        }
+    }
+
+    /// What a call does when its key is in flight.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight
+    }
+
+    /// Sets the mode (the paper's comparison arms).
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the default policy of one class.
+    pub fn with_policy(mut self, class: SideEffect, policy: RetryPolicy) -> Self {
+        self.policies[class.index()] = policy;
+        self
+    }
+
+    /// Rewrites the default policy of every class.
+    pub fn map_policies(mut self, f: impl Fn(SideEffect, RetryPolicy) -> RetryPolicy) -> Self {
+        for class in SideEffect::ALL {
+            self.policies[class.index()] = f(class, self.policies[class.index()]);
+        }
+        self
+    }
+
+    /// Sets the key scope of every call made with this context.
+    pub fn with_scope(mut self, scope: KeyScope) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// A copy whose calls are keyed by a durable identity (run id + step)
+    /// instead of time.
+    pub fn for_step(&self, run: impl Into<String>, step: u64) -> Self {
+        self.clone().with_scope(KeyScope::durable(run, step))
+    }
+
+    /// A copy whose next call uses this explicit key.
+    pub fn with_key(&self, key: crate::IdempotencyKey) -> Self {
+        self.clone().with_scope(KeyScope::Explicit(key))
+    }
+
+    /// Sets what a call does when its key is in flight.
+    pub fn with_in_flight(mut self, in_flight: InFlight) -> Self {
+        self.in_flight = in_flight;
+        self
+    }
+
+    /// Sets the clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Records calls in a ledger.
+    pub fn with_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    /// Sends state transitions to an audit sink.
+    pub fn with_audit(mut self, audit: Arc<dyn AuditSink>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// Sends escalations to a handler.
+    pub fn with_escalation(mut self, escalation: Arc<dyn Escalation>) -> Self {
+        self.escalation = Some(escalation);
+        self
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("agent", &self.agent)
+            .field("mode", &self.mode)
+            .field("scope", &self.scope)
+            .field("ledger", &self.ledger.is_some())
+            .field("audit", &self.audit.is_some())
+            .field("escalation", &self.escalation.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,468 @@
+//! The verify-before-retry engine: Algorithm 1 of the paper as a state
+//! machine, with the retry-only and verify-only arms for comparison.
+//!
+//! A call moves through [`CallState`]s:
+//!
+//! ```text
+//! Planned ─► Dispatched ─► Ok ───────────────────────────► VerifiedSuccess
+//!               │  ▲        └─(verify_response)─┐
+//!               │  │ Absent, budget left        ▼
+//!               │  └──────────────────── PendingVisibility ─► Holds ─► VerifiedSuccess
+//!               ├─► definitive error ─► VerifiedFailure     ├─► Absent, no budget ─► VerifiedFailure
+//!               └─► ambiguous/conflict ─────────┘           └─► Unknown ×reads ─► Unknown / Escalated
+//! ```
+//!
+//! Invariants, checked by property tests: never a retry without a verifier's
+//! `Absent` (in the default mode, for tools with a verifier); never a
+//! dispatch after `Holds`; the same key on every attempt; at most
+//! `1 + retries` dispatches.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::audit::{AuditEvent, CallState};
+use crate::escalation::Ticket;
+use crate::key::payload_digest;
+use crate::ledger::{Begin, Finish, Ledger};
+use crate::{
+    CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Mode, Proof,
+    RetryPolicy, SideEffect, ToolResult, ToolSpec, UnknownReason, Verdict,
+};
+
+/// The verifier type of a tool that has none; see [`no_verifier`].
+pub type NoVerifier<T> = fn() -> std::future::Ready<Verdict<T>>;
+
+/// `None`, typed as a verifier, for tools without one.
+pub const fn no_verifier<T>() -> Option<NoVerifier<T>> {
+    None
+}
+
+/// Runs one logical call of a tool through the engine.
+///
+/// `payload` is what the key is derived from (the tool's key-relevant
+/// arguments); `audit_args` is what the audit and escalation tickets show
+/// (secrets redacted). `dispatch` performs one attempt with the call's key;
+/// `verify` reads the postcondition. This is what `#[verified_tool]`
+/// generates a call to; it can be used by hand as well.
+///
+/// ```
+/// use verified_tools::{engine, Context, SideEffect, ToolResult, ToolSpec, Verdict};
+/// use std::io;
+///
+/// static SEND: ToolSpec = ToolSpec::new("send", SideEffect::High).with_verifier();
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let cx = Context::new("agent");
+/// let mut attempts = 0;
+/// let result: ToolResult<u32, io::Error> = engine::call(
+///     &cx, &SEND, &("bob",), &("bob",),
+///     |_key| { attempts += 1; async { Err(io::ErrorKind::TimedOut.into()) } },
+///     Some(|| async { Verdict::Holds(7) }),
+/// ).await;
+/// // The response was lost, the verifier saw the effect: no retry.
+/// assert!(matches!(result, ToolResult::Success { value: 7, .. }));
+/// assert_eq!(attempts, 1);
+/// # }
+/// ```
+pub async fn call<T, E, P, A, D, DF, V, VF>(
+    cx: &Context,
+    spec: &'static ToolSpec,
+    payload: &P,
+    audit_args: &A,
+    dispatch: D,
+    verify: Option<V>,
+) -> ToolResult<T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Classify,
+    P: Serialize + ?Sized,
+    A: Serialize + ?Sized,
+    D: FnMut(IdempotencyKey) -> DF,
+    DF: Future<Output = Result<T, E>>,
+    V: FnMut() -> VF,
+    VF: Future<Output = Verdict<T>>,
+{
+    let policy = cx.policy_for(spec);
+    let mut call = Call {
+        cx,
+        spec,
+        policy,
+        key: None,
+        attempts: 0,
+        started: cx.audit.as_ref().map(|_| Instant::now()),
+        args: None,
+        claim: None,
+        dispatch,
+        verify,
+    };
+    if cx.audit.is_some() || cx.escalation.is_some() {
+        call.args = serde_json::value::to_raw_value(audit_args).ok();
+    }
+    call.audit(CallState::Planned, None, None, None);
+    let result = call.run(payload).await;
+    call.finish(&result);
+    result
+}
+
+/// Where the state machine goes next.
+enum Phase<T, E> {
+    Dispatch,
+    Verify { cause: Cause<E>, response: Option<T> },
+    Done(ToolResult<T, E>),
+}
+
+struct Call<'a, D, V> {
+    cx: &'a Context,
+    spec: &'static ToolSpec,
+    policy: RetryPolicy,
+    key: Option<IdempotencyKey>,
+    attempts: u32,
+    started: Option<Instant>,
+    args: Option<Box<RawValue>>,
+    claim: Option<Claim<'a>>,
+    dispatch: D,
+    verify: Option<V>,
+}
+
+impl<D, V> Call<'_, D, V> {
+    async fn run<T, E, P, DF, VF>(&mut self, payload: &P) -> ToolResult<T, E>
+    where
+        T: Clone + Send + Sync + 'static,
+        E: Classify,
+        P: Serialize + ?Sized,
+        D: FnMut(IdempotencyKey) -> DF,
+        DF: Future<Output = Result<T, E>>,
+        V: FnMut() -> VF,
+        VF: Future<Output = Verdict<T>>,
+    {
+        let mut phase = match self.plan(payload).await {
+            Ok(phase) => phase,
+            Err(refused) => return refused,
+        };
+        loop {
+            phase = match phase {
+                Phase::Dispatch => self.dispatch().await,
+                Phase::Verify { cause, response } => self.verify(cause, response).await,
+                Phase::Done(result) => return result,
+            };
+        }
+    }
+
+    /// Derives the key once for the whole logical call and consults the ledger.
+    async fn plan<T, E, P>(&mut self, payload: &P) -> Result<Phase<T, E>, ToolResult<T, E>>
+    where
+        T: Clone + Send + Sync + 'static,
+        P: Serialize + ?Sized,
+    {
+        let cx = self.cx;
+        let tool = self.spec.name;
+        let digest = payload_digest(payload)
+            .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
+        let mut bucket = KeyScope::DEFAULT;
+        let scope = cx.scope_for(self.spec, &mut bucket);
+        let now = match scope {
+            KeyScope::TimeBucket(_) => cx.clock().unix_ms(),
+            _ => 0,
+        };
+        let key = IdempotencyKey::from_digest(cx.agent(), tool, digest, scope, now);
+        self.key = Some(key);
+
+        let Some(ledger) = cx.ledger.as_deref() else {
+            return Ok(Phase::Dispatch);
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            let begin = ledger.begin(key, digest).map_err(|e| {
+                ToolResult::Refused(CallError::Ledger { tool, key, message: e.0 })
+            })?;
+            match begin {
+                Begin::Claimed => {
+                    self.claim = Some(Claim { ledger, key, dispatched: false });
+                    return Ok(Phase::Dispatch);
+                }
+                Begin::Resume => {
+                    // The earlier call may have applied the effect: look first.
+                    self.claim = Some(Claim { ledger, key, dispatched: true });
+                    return Ok(match self.verify {
+                        Some(_) => Phase::Verify { cause: Cause::Interrupted, response: None },
+                        None => Phase::Dispatch,
+                    });
+                }
+                Begin::Completed(stored) => {
+                    return match stored.downcast_ref::<T>() {
+                        Some(value) => Ok(Phase::Done(ToolResult::Success {
+                            value: value.clone(),
+                            proof: Proof::Ledger,
+                            key,
+                        })),
+                        None => Err(ToolResult::Refused(CallError::KeyReuse { tool, key })),
+                    };
+                }
+                Begin::Mismatch => return Err(ToolResult::Refused(CallError::KeyReuse { tool, key })),
+                Begin::InFlight => match cx.in_flight() {
+                    crate::InFlight::Wait { poll, max } if waited < max => {
+                        sleep(poll).await;
+                        waited += poll;
+                    }
+                    _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
+                },
+            }
+        }
+    }
+
+    /// One attempt, with the call's key.
+    async fn dispatch<T, E, DF, VF>(&mut self) -> Phase<T, E>
+    where
+        E: Classify,
+        D: FnMut(IdempotencyKey) -> DF,
+        DF: Future<Output = Result<T, E>>,
+        V: FnMut() -> VF,
+    {
+        let key = self.key();
+        self.attempts += 1;
+        if let Some(claim) = &mut self.claim {
+            claim.dispatched = true;
+        }
+        self.audit(CallState::Dispatched, None, None, None);
+        let attempt = (self.dispatch)(key);
+        let outcome = match self.policy.attempt_timeout {
+            Some(limit) => timeout(limit, attempt).await.map_err(|_| Cause::TimedOut(limit)),
+            None => Ok(attempt.await),
+        };
+        let cause = match outcome {
+            Ok(Ok(value)) => {
+                let confirm = self.policy.verify_response && self.verify.is_some();
+                return if confirm && self.cx.mode() != Mode::RetryOnly {
+                    Phase::Verify { cause: Cause::Unconfirmed, response: Some(value) }
+                } else {
+                    Phase::Done(ToolResult::Success { value, proof: Proof::Response, key })
+                };
+            }
+            Ok(Err(error)) => match error.classify() {
+                ErrorClass::Definitive => {
+                    self.audit(CallState::VerifiedFailure, None, Some(ErrorClass::Definitive), None);
+                    return Phase::Done(ToolResult::Failed { error, key });
+                }
+                class => {
+                    self.audit(CallState::PendingVisibility, None, Some(class), Some("error"));
+                    Cause::Error(error)
+                }
+            },
+            Err(timed_out) => {
+                self.audit(CallState::PendingVisibility, None, Some(ErrorClass::Ambiguous), Some("timeout"));
+                timed_out
+            }
+        };
+        let wait = self.policy.backoff.delay(self.attempts, key);
+        let verifies = self.verify.is_some() && self.cx.mode() != Mode::RetryOnly;
+        if verifies {
+            sleep(wait).await;
+            Phase::Verify { cause, response: None }
+        } else if self.attempts <= self.policy.retries {
+            // Retry-only mode, or a tool without a verifier (none/low classes):
+            // the key is all that guards against duplicates.
+            sleep(wait).await;
+            Phase::Dispatch
+        } else {
+            self.unresolved(UnknownReason::RetriesExhausted, Verdict::Unknown, cause)
+        }
+    }
+
+    /// Reads the verifier until it gives a believable answer or the read
+    /// budget runs out.
+    async fn verify<T, E, VF>(&mut self, cause: Cause<E>, response: Option<T>) -> Phase<T, E>
+    where
+        V: FnMut() -> VF,
+        VF: Future<Output = Verdict<T>>,
+    {
+        let key = self.key();
+        let budget = self.policy.verify;
+        let mut absent = 0;
+        for read in 0..budget.reads.max(1) {
+            if read > 0 {
+                sleep(budget.interval).await;
+            }
+            let verdict = self.read_verifier().await;
+            self.audit(CallState::PendingVisibility, Some(verdict.kind()), None, Some("verify"));
+            match verdict {
+                Verdict::Holds(value) => {
+                    return Phase::Done(ToolResult::Success { value, proof: Proof::Verifier, key });
+                }
+                Verdict::Absent => {
+                    absent += 1;
+                    if absent >= budget.absent_reads.max(1) {
+                        return self.absent(cause);
+                    }
+                }
+                Verdict::Unknown => absent = 0,
+            }
+        }
+        match response {
+            // The tool said Ok and the verifier could not contradict it.
+            Some(value) => Phase::Done(ToolResult::Success { value, proof: Proof::Response, key }),
+            None => self.unresolved(UnknownReason::VerifierInconclusive, Verdict::Unknown, cause),
+        }
+    }
+
+    /// The verifier confirmed the effect absent: retry if the mode and the
+    /// budget allow, else report it.
+    fn absent<T, E>(&mut self, cause: Cause<E>) -> Phase<T, E> {
+        let retry = self.cx.mode() == Mode::VerifyBeforeRetry && self.attempts <= self.policy.retries;
+        if retry {
+            Phase::Dispatch
+        } else if self.spec.side_effect == SideEffect::Irreversible {
+            self.unresolved(UnknownReason::RetriesExhausted, Verdict::Absent, cause)
+        } else {
+            Phase::Done(ToolResult::NotApplied { cause, key: self.key() })
+        }
+    }
+
+    /// The budget ran out in doubt: irreversible actions go to a person.
+    fn unresolved<T, E>(&mut self, reason: UnknownReason, verdict: Verdict, cause: Cause<E>) -> Phase<T, E> {
+        let key = self.key();
+        if self.spec.side_effect != SideEffect::Irreversible {
+            return Phase::Done(ToolResult::Unknown { reason, cause, key });
+        }
+        if let Some(escalation) = &self.cx.escalation {
+            escalation.escalate(Ticket {
+                key,
+                tool: self.spec.name,
+                agent: self.cx.agent().to_owned(),
+                verdict,
+                cause: describe(&cause).to_owned(),
+                args: self.args.as_ref().map(|a| a.get().to_owned()),
+            });
+        }
+        Phase::Done(ToolResult::Escalated { verdict, cause, key })
+    }
+
+    /// One verifier read: a panic, a timeout or a failed read is `Unknown`.
+    async fn read_verifier<T, VF>(&mut self) -> Verdict<T>
+    where
+        V: FnMut() -> VF,
+        VF: Future<Output = Verdict<T>>,
+    {
+        let Some(verify) = self.verify.as_mut() else {
+            return Verdict::Unknown;
+        };
+        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(verify)) else {
+            return Verdict::Unknown;
+        };
+        let guarded = catch_unwind(read);
+        let verdict = match self.policy.attempt_timeout {
+            Some(limit) => timeout(limit, guarded).await.ok().flatten(),
+            None => guarded.await,
+        };
+        verdict.unwrap_or(Verdict::Unknown)
+    }
+
+    fn key(&self) -> IdempotencyKey {
+        // plan() sets the key before any phase runs.
+        self.key.unwrap_or(IdempotencyKey::from_u128(0))
+    }
+
+    fn finish<T: Clone + Send + Sync + 'static, E>(&mut self, result: &ToolResult<T, E>) {
+        let (state, detail) = match result {
+            ToolResult::Success { proof, .. } => (
+                CallState::VerifiedSuccess,
+                match proof {
+                    Proof::Response => "response",
+                    Proof::Verifier => "verifier",
+                    Proof::Ledger => "ledger",
+                },
+            ),
+            ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => {
+                (CallState::VerifiedFailure, result.label())
+            }
+            ToolResult::Unknown { .. } => (CallState::Unknown, result.label()),
+            ToolResult::Escalated { .. } => (CallState::Escalated, result.label()),
+            ToolResult::Refused(_) => (CallState::Refused, result.label()),
+        };
+        self.audit(state, None, None, Some(detail));
+        if let Some(claim) = self.claim.take() {
+            let finish = match result {
+                ToolResult::Success { value, .. } => Finish::Completed(Arc::new(value.clone())),
+                ToolResult::Failed { .. } | ToolResult::NotApplied { .. } | ToolResult::Refused(_) => {
+                    Finish::Released
+                }
+                ToolResult::Unknown { .. } | ToolResult::Escalated { .. } => Finish::Ambiguous,
+            };
+            claim.close(finish);
+        }
+    }
+
+    fn audit(
+        &self,
+        state: CallState,
+        verdict: Option<Verdict>,
+        error: Option<ErrorClass>,
+        detail: Option<&'static str>,
+    ) {
+        let Some(sink) = &self.cx.audit else { return };
+        sink.record(&AuditEvent {
+            key: self.key,
+            tool: self.spec.name,
+            agent: self.cx.agent(),
+            attempt: self.attempts,
+            state,
+            verdict,
+            error,
+            detail,
+            elapsed: self.started.map_or(Duration::ZERO, |s| s.elapsed()),
+            at_unix_ms: self.cx.clock().unix_ms(),
+            args: if state == CallState::Planned { self.args.as_deref() } else { None },
+        });
+    }
+}
+
+fn describe<E>(cause: &Cause<E>) -> &'static str {
+    match cause {
+        Cause::Error(_) => "the tool returned an ambiguous error",
+        Cause::TimedOut(_) => "an attempt timed out",
+        Cause::Unconfirmed => "the tool answered OK but the postcondition was not found",
+        Cause::Interrupted => "an earlier call with this key ended in doubt",
+    }
+}
+
+/// A held ledger key. Dropped without `close` (the call's future was
+/// cancelled), it leaves the record in doubt if anything was dispatched, so
+/// the next call with the key verifies before it dispatches.
+struct Claim<'a> {
+    ledger: &'a dyn Ledger,
+    key: IdempotencyKey,
+    dispatched: bool,
+}
+
+impl Claim<'_> {
+    fn close(self, finish: Finish) {
+        self.ledger.finish(self.key, finish);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let finish = if self.dispatched { Finish::Ambiguous } else { Finish::Released };
+        self.ledger.finish(self.key, finish);
+    }
+}
+
+/// Polls `fut`, turning a panic into `None`.
+async fn catch_unwind<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(Poll::Ready(value)) => Poll::Ready(Some(value)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(None),
+        }
+    })
+    .await
+}

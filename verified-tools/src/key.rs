@@ -1,0 +1,213 @@
+//! Idempotency keys: one deterministic 128-bit key per logical call.
+//!
+//! A key is derived once, before the first attempt, and every attempt of that
+//! logical call carries the same key, so a server that honours keys applies the
+//! effect at most once whatever the retries do. The derivation is part of our
+//! wire format: golden vectors in `tests/key_golden.rs` pin it across versions
+//! and platforms.
+//!
+//! # Format (version 1)
+//!
+//! The payload (the tool's key-relevant arguments) is streamed through
+//! [`payload_digest`], a `serde::Serializer` that writes a self-delimiting,
+//! type-tagged, little-endian encoding straight into an xxh3-128 hasher; see
+//! the [`payload`] module for the encoding. The key is then
+//!
+//! ```text
+//! xxh3_128( "vtk1" ‖ str(agent) ‖ str(action) ‖ digest(payload) as u128 LE ‖ scope )
+//! str(s)  = len(s) as u64 LE ‖ bytes of s
+//! scope   = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE     (time bucket)
+//!         | 0x01 ‖ str(run) ‖ step as u64 LE                                 (durable identity)
+//! ```
+
+pub mod payload;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+use xxhash_rust::xxh3::Xxh3Default;
+
+pub use payload::{KeyError, PayloadDigest, payload_digest};
+
+/// A deterministic 128-bit idempotency key, shown as 32 lowercase hex digits.
+///
+/// ```
+/// use verified_tools::{IdempotencyKey, KeyScope};
+///
+/// let scope = KeyScope::durable("run-7", 3);
+/// let a = IdempotencyKey::derive("agent-1", "send_welcome", &(42u64, "hi"), &scope, 0)?;
+/// let b = IdempotencyKey::derive("agent-1", "send_welcome", &(42u64, "hi"), &scope, 0)?;
+/// assert_eq!(a, b);
+/// assert_eq!(a.to_string().len(), 32);
+/// assert_eq!(a.to_string().parse::<IdempotencyKey>().unwrap(), a);
+/// # Ok::<(), verified_tools::KeyError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(u128);
+
+impl IdempotencyKey {
+    /// Wraps a raw 128-bit value (for keys read back from storage or a header).
+    pub const fn from_u128(value: u128) -> Self {
+        Self(value)
+    }
+
+    /// The raw 128-bit value.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// Derives the key of one logical call.
+    ///
+    /// `unix_ms` is the current time in milliseconds since the Unix epoch; it
+    /// only matters for [`KeyScope::TimeBucket`]. Fails only when the payload
+    /// cannot be serialized, before anything is dispatched.
+    pub fn derive<P: Serialize + ?Sized>(
+        agent: &str,
+        action: &str,
+        payload: &P,
+        scope: &KeyScope,
+        unix_ms: u64,
+    ) -> Result<Self, KeyError> {
+        let digest = payload_digest(payload)?;
+        Ok(Self::from_digest(agent, action, digest, scope, unix_ms))
+    }
+
+    /// Derives the key from an already computed payload digest.
+    ///
+    /// For a [`KeyScope::Explicit`] scope this returns the explicit key as is.
+    pub fn from_digest(
+        agent: &str,
+        action: &str,
+        digest: PayloadDigest,
+        scope: &KeyScope,
+        unix_ms: u64,
+    ) -> Self {
+        let mut h = Xxh3Default::new();
+        h.update(b"vtk1");
+        write_str(&mut h, agent);
+        write_str(&mut h, action);
+        h.update(&digest.as_u128().to_le_bytes());
+        match scope {
+            KeyScope::TimeBucket(width) => {
+                // A zero width would divide by zero; treat it as 1 ms buckets.
+                let width_ms = (width.as_millis() as u64).max(1);
+                h.update(&[0x00]);
+                h.update(&width_ms.to_le_bytes());
+                h.update(&(unix_ms / width_ms).to_le_bytes());
+            }
+            KeyScope::Durable { run, step } => {
+                h.update(&[0x01]);
+                write_str(&mut h, run);
+                h.update(&step.to_le_bytes());
+            }
+            KeyScope::Explicit(key) => return *key,
+        }
+        Self(h.digest128())
+    }
+
+    /// The key as 32 lowercase hex digits, without allocating.
+    pub fn to_hex(self) -> KeyHex {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, byte) in self.0.to_be_bytes().iter().enumerate() {
+            out[2 * i] = DIGITS[(byte >> 4) as usize];
+            out[2 * i + 1] = DIGITS[(byte & 0xf) as usize];
+        }
+        KeyHex(out)
+    }
+}
+
+fn write_str(h: &mut Xxh3Default, s: &str) {
+    h.update(&(s.len() as u64).to_le_bytes());
+    h.update(s.as_bytes());
+}
+
+/// A key rendered as hex on the stack; see [`IdempotencyKey::to_hex`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyHex([u8; 32]);
+
+impl KeyHex {
+    /// The 32 hex digits.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written into the array.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.to_hex().as_str())
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({self})")
+    }
+}
+
+/// Error of parsing an [`IdempotencyKey`] from text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("an idempotency key is 32 lowercase hex digits, got {got:?}")]
+pub struct ParseKeyError {
+    got: String,
+}
+
+impl FromStr for IdempotencyKey {
+    type Err = ParseKeyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let valid = s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        match u128::from_str_radix(s, 16) {
+            Ok(v) if valid => Ok(Self(v)),
+            _ => Err(ParseKeyError { got: s.to_owned() }),
+        }
+    }
+}
+
+impl Serialize for IdempotencyKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.to_hex().as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for IdempotencyKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What, besides agent, action and payload, separates one logical call from
+/// another with the same arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyScope {
+    /// Calls in the same time bucket of this width are the same logical call
+    /// (the paper's `timestamp_bucket`). The bucket is read once per logical
+    /// call, so retries that cross a bucket edge keep their key.
+    TimeBucket(Duration),
+    /// A durable identity given by the caller, as Temporal does with run id +
+    /// activity id: the same run and step are the same logical call, whenever
+    /// they happen. Prefer this when the caller has one.
+    Durable {
+        /// The run (workflow, conversation, episode) identifier.
+        run: String,
+        /// The step within the run.
+        step: u64,
+    },
+    /// A key chosen by the caller. The ledger rejects its reuse with a
+    /// different payload.
+    Explicit(IdempotencyKey),
+}
+
+impl KeyScope {
+    /// The default scope: five-minute time buckets.
+    pub const DEFAULT: KeyScope = KeyScope::TimeBucket(Duration::from_secs(300));
+
+    /// A durable identity scope.
+    pub fn durable(run: impl Into<String>, step: u64) -> Self {
+        KeyScope::Durable { run: run.into(), step }
+    }
+}

@@ -1,0 +1,399 @@
+//! The payload hasher: a `serde::Serializer` that streams a canonical encoding
+//! of the key-relevant arguments into xxh3-128, with no intermediate buffer.
+//!
+//! # Encoding (version 1)
+//!
+//! Every value starts with a one-byte tag and is self-delimiting, so the
+//! concatenation of values is unambiguous: `("ab", "c")` and `("a", "bc")`
+//! encode differently by construction. All numbers are little-endian.
+//!
+//! | value | bytes |
+//! |---|---|
+//! | bool | `01` ‖ 0 or 1 |
+//! | integer that fits i64 (any width, signed or not) | `02` ‖ i64 |
+//! | other integer (i128/u128 beyond i64) | `03` ‖ i128 or `04` ‖ u128 |
+//! | f32, f64 (f32 widened; -0.0 → 0.0; every NaN → the canonical NaN) | `05` ‖ f64 bits |
+//! | char | `06` ‖ u32 |
+//! | str | `07` ‖ len u64 ‖ UTF-8 bytes |
+//! | bytes | `08` ‖ len u64 ‖ bytes |
+//! | None / Some(v) | `09` / `0A` ‖ v |
+//! | unit, unit struct | `0B` |
+//! | unit variant | `0C` ‖ str(variant) |
+//! | newtype struct | the inner value (transparent, as in JSON) |
+//! | newtype variant | `0D` ‖ str(variant) ‖ value |
+//! | seq, tuple, tuple struct | `0E` ‖ values ‖ `FF` |
+//! | tuple variant | `0F` ‖ str(variant) ‖ `0E` ‖ values ‖ `FF` |
+//! | map | `10` ‖ count u64 ‖ Σ xxh3_128(key ‖ value) over entries (wrapping u128) |
+//! | struct | `11` ‖ (str(field) ‖ value)* ‖ `FF` |
+//! | struct variant | `12` ‖ str(variant) ‖ (str(field) ‖ value)* ‖ `FF` |
+//!
+//! Maps hash each entry on its own and add the digests, so a `HashMap` gives
+//! the same key whatever its iteration order (and the same as a `BTreeMap`
+//! with the same entries). Sets serialize as sequences: use `BTreeSet`, not
+//! `HashSet`, in key-relevant arguments. Struct and type names are not part of
+//! the encoding, so renaming a type keeps its keys; field and variant names
+//! are, as in JSON.
+
+use serde::Serialize;
+use serde::ser;
+use xxhash_rust::xxh3::Xxh3Default;
+
+const BOOL: u8 = 0x01;
+const INT: u8 = 0x02;
+const I128: u8 = 0x03;
+const U128: u8 = 0x04;
+const FLOAT: u8 = 0x05;
+const CHAR: u8 = 0x06;
+const STR: u8 = 0x07;
+const BYTES: u8 = 0x08;
+const NONE: u8 = 0x09;
+const SOME: u8 = 0x0A;
+const UNIT: u8 = 0x0B;
+const UNIT_VARIANT: u8 = 0x0C;
+const NEWTYPE_VARIANT: u8 = 0x0D;
+const SEQ: u8 = 0x0E;
+const TUPLE_VARIANT: u8 = 0x0F;
+const MAP: u8 = 0x10;
+const STRUCT: u8 = 0x11;
+const STRUCT_VARIANT: u8 = 0x12;
+const END: u8 = 0xFF;
+
+/// The xxh3-128 digest of a payload's canonical encoding.
+///
+/// Also used as the ledger's payload fingerprint, so that an explicit key
+/// reused with other arguments is caught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PayloadDigest(u128);
+
+impl PayloadDigest {
+    /// The raw digest.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+/// A payload could not be encoded for its idempotency key.
+///
+/// Raised by the argument's own `Serialize` impl (serde's `custom` errors)
+/// before anything is dispatched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the payload cannot be serialized for its idempotency key: {0}")]
+pub struct KeyError(String);
+
+impl ser::Error for KeyError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        KeyError(msg.to_string())
+    }
+}
+
+/// Streams `payload` through the canonical encoding into xxh3-128.
+///
+/// ```
+/// use verified_tools::key::payload_digest;
+///
+/// let a = payload_digest(&("ab", "c"))?;
+/// let b = payload_digest(&("a", "bc"))?;
+/// assert_ne!(a, b);
+/// // Integers are hashed by value, whatever their Rust type.
+/// assert_eq!(payload_digest(&7u8)?, payload_digest(&7i64)?);
+/// # Ok::<(), verified_tools::KeyError>(())
+/// ```
+pub fn payload_digest<P: Serialize + ?Sized>(payload: &P) -> Result<PayloadDigest, KeyError> {
+    let mut h = PayloadHasher(Xxh3Default::new());
+    payload.serialize(&mut h)?;
+    Ok(PayloadDigest(h.0.digest128()))
+}
+
+struct PayloadHasher(Xxh3Default);
+
+impl PayloadHasher {
+    #[inline]
+    fn tag(&mut self, tag: u8) {
+        self.0.update(&[tag]);
+    }
+
+    #[inline]
+    fn tagged(&mut self, tag: u8, bytes: &[u8]) {
+        // One update instead of two: the tag and a value of up to 16 bytes.
+        let mut buf = [0u8; 17];
+        buf[0] = tag;
+        buf[1..=bytes.len()].copy_from_slice(bytes);
+        self.0.update(&buf[..=bytes.len()]);
+    }
+
+    #[inline]
+    fn str_body(&mut self, s: &[u8]) {
+        self.0.update(&(s.len() as u64).to_le_bytes());
+        self.0.update(s);
+    }
+
+    #[inline]
+    fn int(&mut self, v: i128) {
+        match i64::try_from(v) {
+            Ok(small) => self.tagged(INT, &small.to_le_bytes()),
+            Err(_) => self.tagged(I128, &v.to_le_bytes()),
+        }
+    }
+}
+
+impl<'a> ser::Serializer for &'a mut PayloadHasher {
+    type Ok = ();
+    type Error = KeyError;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = MapHasher<'a>;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    fn serialize_bool(self, v: bool) -> Result<(), KeyError> {
+        self.tagged(BOOL, &[v as u8]);
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), KeyError> {
+        self.tagged(INT, &v.to_le_bytes());
+        Ok(())
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), KeyError> {
+        self.int(v);
+        Ok(())
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), KeyError> {
+        self.serialize_i64(v.into())
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), KeyError> {
+        self.int(v.into());
+        Ok(())
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), KeyError> {
+        match i128::try_from(v) {
+            Ok(small) => self.int(small),
+            Err(_) => self.tagged(U128, &v.to_le_bytes()),
+        }
+        Ok(())
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), KeyError> {
+        self.serialize_f64(v.into())
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), KeyError> {
+        let canonical = if v.is_nan() {
+            f64::NAN
+        } else if v == 0.0 {
+            0.0
+        } else {
+            v
+        };
+        self.tagged(FLOAT, &canonical.to_bits().to_le_bytes());
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), KeyError> {
+        self.tagged(CHAR, &u32::from(v).to_le_bytes());
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> Result<(), KeyError> {
+        self.tagged(STR, &(v.len() as u64).to_le_bytes());
+        self.0.update(v.as_bytes());
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), KeyError> {
+        self.tagged(BYTES, &(v.len() as u64).to_le_bytes());
+        self.0.update(v);
+        Ok(())
+    }
+    fn serialize_none(self) -> Result<(), KeyError> {
+        self.tag(NONE);
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), KeyError> {
+        self.tag(SOME);
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), KeyError> {
+        self.tag(UNIT);
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), KeyError> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), KeyError> {
+        self.tag(UNIT_VARIANT);
+        self.str_body(variant.as_bytes());
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), KeyError> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), KeyError> {
+        self.tag(NEWTYPE_VARIANT);
+        self.str_body(variant.as_bytes());
+        value.serialize(self)
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Self, KeyError> {
+        // The terminator, not a length, delimits a sequence, so sequences of
+        // unknown length encode like the others.
+        self.tag(SEQ);
+        Ok(self)
+    }
+    fn serialize_tuple(self, len: usize) -> Result<Self, KeyError> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Self, KeyError> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, KeyError> {
+        self.tag(TUPLE_VARIANT);
+        self.str_body(variant.as_bytes());
+        self.tag(SEQ);
+        Ok(self)
+    }
+    fn serialize_map(self, _len: Option<usize>) -> Result<MapHasher<'a>, KeyError> {
+        Ok(MapHasher {
+            outer: self,
+            entry: None,
+            sum: 0,
+            count: 0,
+        })
+    }
+    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, KeyError> {
+        self.tag(STRUCT);
+        Ok(self)
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, KeyError> {
+        self.tag(STRUCT_VARIANT);
+        self.str_body(variant.as_bytes());
+        Ok(self)
+    }
+    fn is_human_readable(&self) -> bool {
+        // Types such as IP addresses then serialize as their text form, which
+        // is stable across serde versions.
+        true
+    }
+}
+
+macro_rules! seq_like {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for &mut PayloadHasher {
+            type Ok = ();
+            type Error = KeyError;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
+                value.serialize(&mut **self)
+            }
+            fn end(self) -> Result<(), KeyError> {
+                self.tag(END);
+                Ok(())
+            }
+        }
+    )*};
+}
+seq_like!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
+
+macro_rules! struct_like {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for &mut PayloadHasher {
+            type Ok = ();
+            type Error = KeyError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), KeyError> {
+                self.str_body(key.as_bytes());
+                value.serialize(&mut **self)
+            }
+            fn end(self) -> Result<(), KeyError> {
+                self.tag(END);
+                Ok(())
+            }
+        }
+    )*};
+}
+struct_like!(SerializeStruct, SerializeStructVariant);
+
+/// Hashes each map entry on its own so that entry order does not matter.
+#[doc(hidden)]
+pub struct MapHasher<'a> {
+    outer: &'a mut PayloadHasher,
+    entry: Option<PayloadHasher>,
+    sum: u128,
+    count: u64,
+}
+
+impl ser::SerializeMap for MapHasher<'_> {
+    type Ok = ();
+    type Error = KeyError;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), KeyError> {
+        let entry = self.entry.insert(PayloadHasher(Xxh3Default::new()));
+        key.serialize(entry)
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
+        let Some(mut entry) = self.entry.take() else {
+            return Err(ser::Error::custom("map value serialized before its key"));
+        };
+        value.serialize(&mut entry)?;
+        self.sum = self.sum.wrapping_add(entry.0.digest128());
+        self.count += 1;
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), KeyError> {
+        if self.entry.is_some() {
+            return Err(ser::Error::custom("map key serialized without a value"));
+        }
+        let mut buf = [0u8; 25];
+        buf[0] = MAP;
+        buf[1..9].copy_from_slice(&self.count.to_le_bytes());
+        buf[9..].copy_from_slice(&self.sum.to_le_bytes());
+        self.outer.0.update(&buf);
+        Ok(())
+    }
+}

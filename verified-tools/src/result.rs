@@ -1,0 +1,205 @@
+//! The typed outcome of one logical call.
+
+use std::time::Duration;
+
+use crate::{IdempotencyKey, Verdict};
+
+/// How a success was established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proof {
+    /// The tool answered `Ok`.
+    Response,
+    /// The response was lost or ambiguous, and the verifier saw the
+    /// postcondition hold.
+    Verifier,
+    /// An earlier call with the same key succeeded; its recorded outcome was
+    /// returned and nothing was executed.
+    Ledger,
+}
+
+/// Why the effect is in doubt, or why it is known to be missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause<E> {
+    /// The tool returned this ambiguous or conflicting error.
+    Error(E),
+    /// An attempt (or a verifier read) ran past the per-attempt timeout.
+    TimedOut(Duration),
+    /// The tool answered `Ok`, but the verifier did not find the postcondition
+    /// (a partial success that answered OK).
+    Unconfirmed,
+    /// An earlier call with this key ended in doubt or was cancelled; this
+    /// call checked the state before acting.
+    Interrupted,
+}
+
+/// Why a call ended [`Unknown`](ToolResult::Unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownReason {
+    /// Retries ran out and nothing verified the effect (retry-only mode, or a
+    /// tool without verifier).
+    RetriesExhausted,
+    /// The verifier answered `Unknown` (or failed) for its whole read budget.
+    VerifierInconclusive,
+}
+
+/// The outcome of one logical call of a verified tool.
+///
+/// It says success only when the tool answered `Ok` or the verifier saw the
+/// postcondition hold; everything else keeps the key, so the caller can check
+/// later instead of re-issuing.
+///
+/// ```
+/// use verified_tools::{IdempotencyKey, Proof, ToolResult};
+///
+/// let key = IdempotencyKey::from_u128(1);
+/// let r: ToolResult<u32, String> = ToolResult::Success { value: 7, proof: Proof::Verifier, key };
+/// assert!(r.is_success());
+/// assert_eq!(r.key(), Some(key));
+/// assert_eq!(r.into_result().ok(), Some(7));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[must_use = "a tool result may be Unknown or Escalated: look at it"]
+pub enum ToolResult<T, E> {
+    /// The effect happened.
+    Success {
+        /// The response's value, or what the verifier observed.
+        value: T,
+        /// How it was established.
+        proof: Proof,
+        /// The call's key.
+        key: IdempotencyKey,
+    },
+    /// The tool answered with a definitive error: the effect did not happen.
+    Failed {
+        /// The tool's error.
+        error: E,
+        /// The call's key.
+        key: IdempotencyKey,
+    },
+    /// The verifier confirmed the effect absent and no retry was left (or the
+    /// mode does not retry). Safe to re-issue with the same key.
+    NotApplied {
+        /// What went wrong.
+        cause: Cause<E>,
+        /// The call's key.
+        key: IdempotencyKey,
+    },
+    /// The budget ran out while the state stayed ambiguous. Do not re-issue
+    /// blindly: verify later with this key.
+    Unknown {
+        /// Why it stayed ambiguous.
+        reason: UnknownReason,
+        /// The last failure.
+        cause: Cause<E>,
+        /// The call's key.
+        key: IdempotencyKey,
+    },
+    /// An irreversible action whose outcome was not proven was handed to a
+    /// person (see [`Escalation`](crate::Escalation)).
+    Escalated {
+        /// The last verdict: `Absent` (a retry would be needed) or `Unknown`.
+        verdict: Verdict,
+        /// The last failure.
+        cause: Cause<E>,
+        /// The call's key.
+        key: IdempotencyKey,
+    },
+    /// Nothing was dispatched: the call was refused before its first attempt.
+    Refused(CallError),
+}
+
+impl<T, E> ToolResult<T, E> {
+    /// Whether the effect is proven.
+    pub fn is_success(&self) -> bool {
+        matches!(self, ToolResult::Success { .. })
+    }
+
+    /// The call's key (none when the call was refused before a key existed).
+    pub fn key(&self) -> Option<IdempotencyKey> {
+        match self {
+            ToolResult::Success { key, .. }
+            | ToolResult::Failed { key, .. }
+            | ToolResult::NotApplied { key, .. }
+            | ToolResult::Unknown { key, .. }
+            | ToolResult::Escalated { key, .. } => Some(*key),
+            ToolResult::Refused(e) => e.key(),
+        }
+    }
+
+    /// The proven value, or the whole result back.
+    pub fn into_result(self) -> Result<T, ToolResult<T, E>> {
+        match self {
+            ToolResult::Success { value, .. } => Ok(value),
+            other => Err(other),
+        }
+    }
+
+    /// A short name of the variant, as audit and logs print it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ToolResult::Success { .. } => "success",
+            ToolResult::Failed { .. } => "failed",
+            ToolResult::NotApplied { .. } => "not_applied",
+            ToolResult::Unknown { .. } => "unknown",
+            ToolResult::Escalated { .. } => "escalated",
+            ToolResult::Refused(_) => "refused",
+        }
+    }
+}
+
+/// Why a call was refused before anything was dispatched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The key-relevant arguments could not be serialized.
+    #[error("tool `{tool}`: {source}")]
+    Payload {
+        /// The tool.
+        tool: &'static str,
+        /// The serializer's error.
+        source: crate::KeyError,
+    },
+    /// An explicit key was reused with a different payload.
+    #[error(
+        "tool `{tool}`: idempotency key {key} was already used with a different payload; \
+         use a new key for a new call"
+    )]
+    KeyReuse {
+        /// The tool.
+        tool: &'static str,
+        /// The reused key.
+        key: IdempotencyKey,
+    },
+    /// A call with this key is running and the context says not to wait.
+    #[error("tool `{tool}`: a call with idempotency key {key} is already in progress")]
+    InProgress {
+        /// The tool.
+        tool: &'static str,
+        /// The key in flight.
+        key: IdempotencyKey,
+    },
+    /// The ledger backend failed.
+    #[error("tool `{tool}`: ledger error for key {key}: {message}")]
+    Ledger {
+        /// The tool.
+        tool: &'static str,
+        /// The key.
+        key: IdempotencyKey,
+        /// The backend's message.
+        message: String,
+    },
+}
+
+impl CallError {
+    /// The key concerned, if one was derived.
+    pub fn key(&self) -> Option<IdempotencyKey> {
+        match self {
+            CallError::Payload { .. } => None,
+            CallError::KeyReuse { key, .. }
+            | CallError::InProgress { key, .. }
+            | CallError::Ledger { key, .. } => Some(*key),
+        }
+    }
+}
