@@ -105,7 +105,6 @@ where
     if cx.audit.is_some() || cx.escalation.is_some() {
         call.args = serde_json::value::to_raw_value(audit_args).ok();
     }
-    call.audit(CallState::Planned, None, None, None);
     let result = call.run(payload).await;
     call.finish(&result);
     result
@@ -173,6 +172,7 @@ impl<D, V> Call<'_, D, V> {
         };
         let key = IdempotencyKey::from_digest(cx.agent(), tool, digest, scope, now);
         self.key = Some(key);
+        self.audit(CallState::Planned, None, None, None);
 
         let Some(ledger) = cx.ledger.as_deref() else {
             return Ok(Phase::Dispatch);

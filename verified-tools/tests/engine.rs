@@ -1,0 +1,344 @@
+//! Scenario tests of the engine against the scripted fake.
+
+mod fake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fake::{Attempt, Event, Fake, FakeError, Read};
+use verified_tools::audit::{CallState, JsonLinesAudit, MemoryAudit};
+use verified_tools::escalation::MemoryEscalations;
+use verified_tools::ledger::MemoryLedger;
+use verified_tools::{
+    CallError, Cause, Context, IdempotencyKey, InFlight, Mode, Proof, RetryPolicy, SideEffect,
+    ToolResult, ToolSpec, UnknownReason, Verdict, VerifyBudget, engine,
+};
+
+static HIGH: ToolSpec = ToolSpec::new("send_welcome", SideEffect::High).with_verifier();
+static LOW: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
+static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::Irreversible).with_verifier();
+static CONFIRM: ToolSpec =
+    ToolSpec::new("record", SideEffect::High).with_verifier().with_verify_response(true);
+
+type Out = ToolResult<u32, FakeError>;
+
+async fn run(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
+    engine::call(cx, spec, &(42u64,), &(42u64,), move |key| fake.send(key), Some(move || fake.check()))
+        .await
+}
+
+async fn run_unverified(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
+    engine::call(cx, spec, &(42u64,), &(42u64,), move |key| fake.send(key), engine::no_verifier())
+        .await
+}
+
+fn cx() -> Context {
+    Context::new("agent-1")
+}
+
+#[tokio::test(start_paused = true)]
+async fn ok_response_is_a_success_without_verifying() {
+    let fake = Fake::new(&[Attempt::Ok], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Success { value: 1, proof: Proof::Response, .. }), "{r:?}");
+    assert_eq!(fake.reads(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_after_apply_is_verified_not_retried() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[]).ignoring_keys();
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Success { value: 1, proof: Proof::Verifier, .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+    assert_eq!(fake.applied(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn confirmed_absent_is_retried_once_with_the_same_key() {
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::Ok], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Response, .. }), "{r:?}");
+    let keys = fake.dispatches();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(r.key(), Some(keys[0]));
+    // The retry came right after an Absent read.
+    assert_eq!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(keys[0])]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_exhausted_with_the_effect_absent_is_not_applied() {
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost, Attempt::Ok], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Error(FakeError::Timeout), .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 2, "1 + retries(1) attempts");
+    assert_eq!(fake.applied(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_follow_the_policy() {
+    let cx = cx().with_policy(SideEffect::High, RetryPolicy::for_class(SideEffect::High).with_retries(3));
+    let fake = Fake::new(&[Attempt::TimeoutLost; 3], &[]);
+    let r = run(&cx, &HIGH, &fake).await;
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn verifier_unknown_for_the_whole_budget_is_unknown() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[Read::Unknown; 10]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(
+        matches!(r, ToolResult::Unknown { reason: UnknownReason::VerifierInconclusive, .. }),
+        "{r:?}"
+    );
+    assert_eq!(fake.reads(), VerifyBudget::DEFAULT.reads as usize);
+    assert_eq!(fake.dispatches().len(), 1, "never a retry without Absent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn delayed_visibility_resolves_within_the_read_budget() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[Read::Unknown, Read::Unknown]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
+    assert_eq!(fake.reads(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_verifier_counts_as_unknown() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[Read::Panic, Read::Panic, Read::Panic]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Unknown { .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn definitive_errors_fail_at_once() {
+    let fake = Fake::new(&[Attempt::Definitive], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Failed { error: FakeError::Invalid, .. }), "{r:?}");
+    assert_eq!(fake.log().len(), 1, "no verifier read, no retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn conflicts_are_rechecked_before_a_retry() {
+    let fake = Fake::new(&[Attempt::Conflict, Attempt::Ok], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(r.is_success(), "{r:?}");
+    let log = fake.log();
+    assert!(matches!(log[..], [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempt_timeout_is_ambiguous() {
+    let fake = Fake::new(&[Attempt::Hang], &[]);
+    let started = tokio::time::Instant::now();
+    let r = run(&cx(), &HIGH, &fake).await;
+    // Nothing was applied, so after the timeout the verifier says Absent and
+    // the retry goes through.
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 2);
+    assert!(started.elapsed() >= Duration::from_secs(30));
+
+    let fake = Fake::new(&[Attempt::Hang], &[Read::Unknown; 3]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Unknown { cause: Cause::TimedOut(_), .. }), "{r:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_only_duplicates_where_verification_does_not() {
+    let schedule = [Attempt::TimeoutApplied, Attempt::Ok];
+    let baseline = Fake::new(&schedule, &[]).ignoring_keys();
+    let r = run(&cx().with_mode(Mode::RetryOnly), &HIGH, &baseline).await;
+    assert!(r.is_success());
+    assert_eq!(baseline.applied(), 2, "the blind retry applied the effect twice");
+    assert_eq!(baseline.reads(), 0);
+
+    let verified = Fake::new(&schedule, &[]).ignoring_keys();
+    let r = run(&cx(), &HIGH, &verified).await;
+    assert!(r.is_success());
+    assert_eq!(verified.applied(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_only_without_success_is_unknown_not_failure() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied, Attempt::TimeoutApplied], &[]);
+    let r = run(&cx().with_mode(Mode::RetryOnly), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::Unknown { reason: UnknownReason::RetriesExhausted, .. }), "{r:?}");
+    assert_eq!(fake.applied(), 1, "the key deduplicated the blind retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_only_never_retries() {
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let r = run(&cx().with_mode(Mode::VerifyOnly), &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::NotApplied { .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn low_tools_without_verifier_retry_with_their_key() {
+    let fake = Fake::new(&[Attempt::TimeoutApplied, Attempt::Ok], &[]);
+    let r = run_unverified(&cx(), &LOW, &fake).await;
+    assert!(r.is_success(), "{r:?}");
+    let keys = fake.dispatches();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(fake.applied(), 1, "the server dropped the duplicate by key");
+}
+
+#[tokio::test(start_paused = true)]
+async fn irreversible_doubt_is_escalated_with_a_ticket() {
+    let queue = Arc::new(MemoryEscalations::new());
+    let cx = cx().with_escalation(queue.clone());
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let r = run(&cx, &PAY, &fake).await;
+    let ToolResult::Escalated { verdict: Verdict::Absent, key, .. } = r else { panic!("{r:?}") };
+    assert_eq!(fake.dispatches().len(), 1, "irreversible: no retry by default");
+    let tickets = queue.take();
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(tickets[0].key, key);
+    assert_eq!(tickets[0].tool, "pay");
+    assert_eq!(tickets[0].args.as_deref(), Some("[42]"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn partial_success_that_answers_ok_is_caught_when_responses_are_verified() {
+    let fake = Fake::new(&[Attempt::PartialOk, Attempt::Ok], &[]);
+    let r = run(&cx(), &CONFIRM, &fake).await;
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 2);
+    assert!(fake.holds());
+
+    // Without confirmation the partial OK is taken at its word.
+    let fake = Fake::new(&[Attempt::PartialOk], &[]);
+    let r = run(&cx(), &HIGH, &fake).await;
+    assert!(r.is_success());
+    assert!(!fake.holds());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unserializable_payload_is_refused_before_dispatch() {
+    struct Socket;
+    impl serde::Serialize for Socket {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("sockets have no key"))
+        }
+    }
+    let fake = Fake::new(&[], &[]);
+    let r: Out = engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|| fake.check())).await;
+    let ToolResult::Refused(CallError::Payload { tool: "send_welcome", .. }) = &r else { panic!("{r:?}") };
+    assert!(r.key().is_none());
+    assert!(fake.log().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn ledger_replays_a_completed_call() {
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
+    let fake = Fake::new(&[Attempt::Ok], &[]);
+    let first = run(&cx, &HIGH, &fake).await;
+    let second = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(second, ToolResult::Success { value: 1, proof: Proof::Ledger, .. }), "{second:?}");
+    assert_eq!(first.key(), second.key());
+    assert_eq!(fake.dispatches().len(), 1);
+    // Another step is another logical call.
+    let third = run(&cx.for_step("run", 2), &HIGH, &fake).await;
+    assert!(matches!(third, ToolResult::Success { proof: Proof::Response, .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn explicit_key_reused_with_another_payload_is_rejected_by_name() {
+    let key = IdempotencyKey::from_u128(0xabc);
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).with_key(key);
+    let fake = Fake::new(&[], &[]);
+    assert!(run(&cx, &HIGH, &fake).await.is_success());
+    let r: Out = engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|| fake.check())).await;
+    let ToolResult::Refused(err @ CallError::KeyReuse { .. }) = &r else { panic!("{r:?}") };
+    assert!(err.to_string().contains(&key.to_string()), "{err}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_duplicates_wait_or_are_refused() {
+    let ledger = Arc::new(MemoryLedger::new());
+    let fake = Fake::new(&[], &[]);
+    let cx = cx().with_ledger(ledger).for_step("run", 1);
+    let refuse = cx.clone().with_in_flight(InFlight::Return);
+    let (a, b) = tokio::join!(run(&cx, &HIGH, &fake), run(&refuse, &HIGH, &fake));
+    assert!(a.is_success());
+    assert!(matches!(b, ToolResult::Refused(CallError::InProgress { .. })), "{b:?}");
+
+    let fake = Fake::new(&[], &[]);
+    let cx = cx.for_step("run", 2);
+    let (a, b) = tokio::join!(run(&cx, &HIGH, &fake), run(&cx, &HIGH, &fake));
+    assert!(matches!(a, ToolResult::Success { proof: Proof::Response, .. }));
+    assert!(matches!(b, ToolResult::Success { proof: Proof::Ledger, .. }), "{b:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_call_is_verified_before_the_next_dispatch() {
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
+    let fake = Fake::new(&[Attempt::Hang], &[]);
+    // Drop the call while its attempt hangs (the effect was not applied).
+    let cancelled = tokio::time::timeout(Duration::from_secs(1), run(&cx, &HIGH, &fake)).await;
+    assert!(cancelled.is_err());
+    let r = run(&cx, &HIGH, &fake).await;
+    assert!(r.is_success(), "{r:?}");
+    let log = fake.log();
+    assert!(
+        matches!(log[..], [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]),
+        "the second call read the state before dispatching: {log:?}"
+    );
+
+    // Same, but the lost attempt had applied the effect: no new dispatch.
+    let cx = cx.for_step("run", 2);
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[Read::Unknown; 3]);
+    let first = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(first, ToolResult::Unknown { .. }));
+    let second = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(second, ToolResult::Success { proof: Proof::Verifier, .. }), "{second:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn audit_records_every_transition_and_args_once() {
+    let audit = Arc::new(MemoryAudit::new());
+    let cx = cx().with_audit(audit.clone());
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::Ok], &[]);
+    let r = run(&cx, &HIGH, &fake).await;
+    assert!(r.is_success());
+    use CallState::*;
+    assert_eq!(
+        audit.states(),
+        [Planned, Dispatched, PendingVisibility, PendingVisibility, Dispatched, VerifiedSuccess]
+    );
+    let events = audit.events();
+    assert_eq!(events[0].args.as_deref(), Some("[42]"));
+    assert!(events[1..].iter().all(|e| e.args.is_none()));
+    assert_eq!(events[3].verdict, Some(Verdict::Absent));
+    assert_eq!(events[4].attempt, 2);
+    assert!(events.iter().all(|e| e.key == r.key() && e.tool == "send_welcome"));
+    assert!(events[5].elapsed > Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn json_lines_audit_writes_one_object_per_event() {
+    let sink = Arc::new(JsonLinesAudit::new(Vec::new()));
+    let cx = cx().with_audit(sink.clone());
+    let fake = Fake::new(&[Attempt::TimeoutApplied], &[]);
+    let r = run(&cx, &HIGH, &fake).await;
+    drop(cx);
+    let out = Arc::into_inner(sink).expect("sole owner").into_inner();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["state"], "planned");
+    assert_eq!(lines[0]["args"], serde_json::json!([42]));
+    assert_eq!(lines[3]["verdict"], serde_json::json!({"Holds": null}));
+    assert_eq!(lines[4]["state"], "verified_success");
+    assert_eq!(lines[4]["key"], r.key().unwrap().to_string());
+}
