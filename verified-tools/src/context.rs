@@ -98,7 +98,10 @@ impl Context {
             mode: Mode::default(),
             policies: SideEffect::ALL.map(RetryPolicy::for_class),
             scope: None,
-            in_flight: InFlight::Wait { poll: Duration::from_millis(50), max: Duration::from_secs(30) },
+            in_flight: InFlight::Wait {
+                poll: Duration::from_millis(50),
+                max: Duration::from_secs(30),
+            },
             clock: Arc::new(SystemClock),
             ledger: None,
             audit: None,
@@ -144,7 +147,11 @@ impl Context {
 
     /// The key scope of one tool: the context's, else the tool's time bucket,
     /// else [`KeyScope::DEFAULT`].
-    pub(crate) fn scope_for<'a>(&'a self, spec: &ToolSpec, bucket: &'a mut KeyScope) -> &'a KeyScope {
+    pub(crate) fn scope_for<'a>(
+        &'a self,
+        spec: &ToolSpec,
+        bucket: &'a mut KeyScope,
+    ) -> &'a KeyScope {
         match (&self.scope, spec.bucket) {
             (Some(scope), _) => scope,
             (None, Some(width)) => {

@@ -179,9 +179,9 @@ impl<D, V> Call<'_, D, V> {
         };
         let mut waited = Duration::ZERO;
         loop {
-            let begin = ledger.begin(key, digest).map_err(|e| {
-                ToolResult::Refused(CallError::Ledger { tool, key, message: e.0 })
-            })?;
+            let begin = ledger
+                .begin(key, digest)
+                .map_err(|e| ToolResult::Refused(CallError::Ledger { tool, key, message: e.0 }))?;
             match begin {
                 Begin::Claimed => {
                     self.claim = Some(Claim { ledger, key, dispatched: false });
@@ -205,7 +205,9 @@ impl<D, V> Call<'_, D, V> {
                         None => Err(ToolResult::Refused(CallError::KeyReuse { tool, key })),
                     };
                 }
-                Begin::Mismatch => return Err(ToolResult::Refused(CallError::KeyReuse { tool, key })),
+                Begin::Mismatch => {
+                    return Err(ToolResult::Refused(CallError::KeyReuse { tool, key }));
+                }
                 Begin::InFlight => match cx.in_flight() {
                     crate::InFlight::Wait { poll, max } if waited < max => {
                         sleep(poll).await;
@@ -247,7 +249,12 @@ impl<D, V> Call<'_, D, V> {
             }
             Ok(Err(error)) => match error.classify() {
                 ErrorClass::Definitive => {
-                    self.audit(CallState::VerifiedFailure, None, Some(ErrorClass::Definitive), None);
+                    self.audit(
+                        CallState::VerifiedFailure,
+                        None,
+                        Some(ErrorClass::Definitive),
+                        None,
+                    );
                     return Phase::Done(ToolResult::Failed { error, key });
                 }
                 class => {
@@ -256,7 +263,12 @@ impl<D, V> Call<'_, D, V> {
                 }
             },
             Err(timed_out) => {
-                self.audit(CallState::PendingVisibility, None, Some(ErrorClass::Ambiguous), Some("timeout"));
+                self.audit(
+                    CallState::PendingVisibility,
+                    None,
+                    Some(ErrorClass::Ambiguous),
+                    Some("timeout"),
+                );
                 timed_out
             }
         };
@@ -314,7 +326,8 @@ impl<D, V> Call<'_, D, V> {
     /// The verifier confirmed the effect absent: retry if the mode and the
     /// budget allow, else report it.
     fn absent<T, E>(&mut self, cause: Cause<E>) -> Phase<T, E> {
-        let retry = self.cx.mode() == Mode::VerifyBeforeRetry && self.attempts <= self.policy.retries;
+        let retry =
+            self.cx.mode() == Mode::VerifyBeforeRetry && self.attempts <= self.policy.retries;
         if retry {
             Phase::Dispatch
         } else if self.spec.side_effect == SideEffect::Irreversible {
@@ -325,7 +338,12 @@ impl<D, V> Call<'_, D, V> {
     }
 
     /// The budget ran out in doubt: irreversible actions go to a person.
-    fn unresolved<T, E>(&mut self, reason: UnknownReason, verdict: Verdict, cause: Cause<E>) -> Phase<T, E> {
+    fn unresolved<T, E>(
+        &mut self,
+        reason: UnknownReason,
+        verdict: Verdict,
+        cause: Cause<E>,
+    ) -> Phase<T, E> {
         let key = self.key();
         if self.spec.side_effect != SideEffect::Irreversible {
             return Phase::Done(ToolResult::Unknown { reason, cause, key });
@@ -389,9 +407,9 @@ impl<D, V> Call<'_, D, V> {
         if let Some(claim) = self.claim.take() {
             let finish = match result {
                 ToolResult::Success { value, .. } => Finish::Completed(Arc::new(value.clone())),
-                ToolResult::Failed { .. } | ToolResult::NotApplied { .. } | ToolResult::Refused(_) => {
-                    Finish::Released
-                }
+                ToolResult::Failed { .. }
+                | ToolResult::NotApplied { .. }
+                | ToolResult::Refused(_) => Finish::Released,
                 ToolResult::Unknown { .. } | ToolResult::Escalated { .. } => Finish::Ambiguous,
             };
             claim.close(finish);

@@ -6,8 +6,9 @@ use crate::{IdempotencyKey, SideEffect};
 
 /// How the engine treats an ambiguous failure. The two non-default modes are
 /// the paper's comparison arms, so experiments compare on equal terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Verify the postcondition before any retry; retry only on `Absent`.
@@ -175,11 +176,8 @@ pub struct VerifyBudget {
 
 impl VerifyBudget {
     /// Three reads, 250 ms apart; one `Absent` is believed.
-    pub const DEFAULT: VerifyBudget = VerifyBudget {
-        reads: 3,
-        interval: Duration::from_millis(250),
-        absent_reads: 1,
-    };
+    pub const DEFAULT: VerifyBudget =
+        VerifyBudget { reads: 3, interval: Duration::from_millis(250), absent_reads: 1 };
 
     /// A budget of `reads` reads `interval` apart.
     pub const fn new(reads: u32, interval: Duration) -> Self {

@@ -24,8 +24,9 @@ use std::str::FromStr;
 /// assert!("hihg".parse::<SideEffect>().is_err());
 /// # Ok::<(), verified_tools::ParseSideEffectError>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SideEffect {
     /// Read-only: no effect on the world.
@@ -70,7 +71,9 @@ impl fmt::Display for SideEffect {
 
 /// Error of parsing a [`SideEffect`]: names the valid classes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown side effect {got:?}: expected one of \"none\", \"low\", \"high\", \"irreversible\"")]
+#[error(
+    "unknown side effect {got:?}: expected one of \"none\", \"low\", \"high\", \"irreversible\""
+)]
 pub struct ParseSideEffectError {
     got: String,
 }

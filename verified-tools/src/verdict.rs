@@ -15,8 +15,7 @@ use std::fmt;
 /// assert_eq!(seen.kind(), Verdict::Holds(()));
 /// assert_eq!(Verdict::<u32>::from(None), Verdict::Absent);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Verdict<T = ()> {
     /// The postcondition holds; here is what was observed.
     Holds(T),

@@ -23,8 +23,15 @@ static CONFIRM: ToolSpec =
 type Out = ToolResult<u32, FakeError>;
 
 async fn run(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
-    engine::call(cx, spec, &(42u64,), &(42u64,), move |key| fake.send(key), Some(move || fake.check()))
-        .await
+    engine::call(
+        cx,
+        spec,
+        &(42u64,),
+        &(42u64,),
+        move |key| fake.send(key),
+        Some(move || fake.check()),
+    )
+    .await
 }
 
 async fn run_unverified(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
@@ -70,14 +77,18 @@ async fn confirmed_absent_is_retried_once_with_the_same_key() {
 async fn budget_exhausted_with_the_effect_absent_is_not_applied() {
     let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost, Attempt::Ok], &[]);
     let r = run(&cx(), &HIGH, &fake).await;
-    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Error(FakeError::Timeout), .. }), "{r:?}");
+    assert!(
+        matches!(r, ToolResult::NotApplied { cause: Cause::Error(FakeError::Timeout), .. }),
+        "{r:?}"
+    );
     assert_eq!(fake.dispatches().len(), 2, "1 + retries(1) attempts");
     assert_eq!(fake.applied(), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn retries_follow_the_policy() {
-    let cx = cx().with_policy(SideEffect::High, RetryPolicy::for_class(SideEffect::High).with_retries(3));
+    let cx = cx()
+        .with_policy(SideEffect::High, RetryPolicy::for_class(SideEffect::High).with_retries(3));
     let fake = Fake::new(&[Attempt::TimeoutLost; 3], &[]);
     let r = run(&cx, &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
@@ -126,7 +137,10 @@ async fn conflicts_are_rechecked_before_a_retry() {
     let r = run(&cx(), &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
     let log = fake.log();
-    assert!(matches!(log[..], [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]));
+    assert!(matches!(
+        log[..],
+        [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -164,7 +178,10 @@ async fn retry_only_duplicates_where_verification_does_not() {
 async fn retry_only_without_success_is_unknown_not_failure() {
     let fake = Fake::new(&[Attempt::TimeoutApplied, Attempt::TimeoutApplied], &[]);
     let r = run(&cx().with_mode(Mode::RetryOnly), &HIGH, &fake).await;
-    assert!(matches!(r, ToolResult::Unknown { reason: UnknownReason::RetriesExhausted, .. }), "{r:?}");
+    assert!(
+        matches!(r, ToolResult::Unknown { reason: UnknownReason::RetriesExhausted, .. }),
+        "{r:?}"
+    );
     assert_eq!(fake.applied(), 1, "the key deduplicated the blind retry");
 }
 
@@ -226,8 +243,11 @@ async fn unserializable_payload_is_refused_before_dispatch() {
         }
     }
     let fake = Fake::new(&[], &[]);
-    let r: Out = engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|| fake.check())).await;
-    let ToolResult::Refused(CallError::Payload { tool: "send_welcome", .. }) = &r else { panic!("{r:?}") };
+    let r: Out =
+        engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|| fake.check())).await;
+    let ToolResult::Refused(CallError::Payload { tool: "send_welcome", .. }) = &r else {
+        panic!("{r:?}")
+    };
     assert!(r.key().is_none());
     assert!(fake.log().is_empty());
 }
@@ -238,7 +258,10 @@ async fn ledger_replays_a_completed_call() {
     let fake = Fake::new(&[Attempt::Ok], &[]);
     let first = run(&cx, &HIGH, &fake).await;
     let second = run(&cx, &HIGH, &fake).await;
-    assert!(matches!(second, ToolResult::Success { value: 1, proof: Proof::Ledger, .. }), "{second:?}");
+    assert!(
+        matches!(second, ToolResult::Success { value: 1, proof: Proof::Ledger, .. }),
+        "{second:?}"
+    );
     assert_eq!(first.key(), second.key());
     assert_eq!(fake.dispatches().len(), 1);
     // Another step is another logical call.
@@ -252,7 +275,8 @@ async fn explicit_key_reused_with_another_payload_is_rejected_by_name() {
     let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).with_key(key);
     let fake = Fake::new(&[], &[]);
     assert!(run(&cx, &HIGH, &fake).await.is_success());
-    let r: Out = engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|| fake.check())).await;
+    let r: Out =
+        engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|| fake.check())).await;
     let ToolResult::Refused(err @ CallError::KeyReuse { .. }) = &r else { panic!("{r:?}") };
     assert!(err.to_string().contains(&key.to_string()), "{err}");
     assert_eq!(fake.dispatches().len(), 1);
@@ -330,11 +354,8 @@ async fn json_lines_audit_writes_one_object_per_event() {
     let r = run(&cx, &HIGH, &fake).await;
     drop(cx);
     let out = Arc::into_inner(sink).expect("sole owner").into_inner();
-    let lines: Vec<serde_json::Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 5);
     assert_eq!(lines[0]["state"], "planned");
     assert_eq!(lines[0]["args"], serde_json::json!([42]));

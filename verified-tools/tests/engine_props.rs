@@ -24,9 +24,11 @@ fn attempt() -> impl Strategy<Value = Attempt> {
 
 fn read(stale: bool) -> BoxedStrategy<Read> {
     if stale {
-        prop_oneof![Just(Read::Truth), Just(Read::Stale), Just(Read::Unknown), Just(Read::Panic)].boxed()
+        prop_oneof![Just(Read::Truth), Just(Read::Stale), Just(Read::Unknown), Just(Read::Panic)]
+            .boxed()
     } else {
-        prop_oneof![3 => Just(Read::Truth), 1 => Just(Read::Unknown), 1 => Just(Read::Panic)].boxed()
+        prop_oneof![3 => Just(Read::Truth), 1 => Just(Read::Unknown), 1 => Just(Read::Panic)]
+            .boxed()
     }
 }
 
@@ -45,15 +47,30 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (any::<bool>(), any::<bool>(), mode(), 0u32..4).prop_flat_map(|(stale_reads, ignore_keys, mode, retries)| {
-        (prop::collection::vec(attempt(), 0..6), prop::collection::vec(read(stale_reads), 0..12)).prop_map(
-            move |(attempts, reads)| Case { attempts, reads, mode, retries, ignore_keys, stale_reads },
-        )
-    })
+    (any::<bool>(), any::<bool>(), mode(), 0u32..4).prop_flat_map(
+        |(stale_reads, ignore_keys, mode, retries)| {
+            (
+                prop::collection::vec(attempt(), 0..6),
+                prop::collection::vec(read(stale_reads), 0..12),
+            )
+                .prop_map(move |(attempts, reads)| Case {
+                    attempts,
+                    reads,
+                    mode,
+                    retries,
+                    ignore_keys,
+                    stale_reads,
+                })
+        },
+    )
 }
 
 fn run(case: &Case) -> (ToolResult<u32, fake::FakeError>, Fake) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
     let fake = Fake::new(&case.attempts, &case.reads);
     let fake = if case.ignore_keys { fake.ignoring_keys() } else { fake };
     let policy = RetryPolicy::for_class(SideEffect::High).with_retries(case.retries);

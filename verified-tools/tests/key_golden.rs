@@ -106,8 +106,9 @@ fn key_matches_the_documented_framing() {
     bucket_bytes.extend_from_slice(&300_000u64.to_le_bytes());
     bucket_bytes.extend_from_slice(&(1_700_000_123_456u64 / 300_000).to_le_bytes());
     let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", digest.as_u128(), &bucket_bytes));
-    let key = IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &bucket, 1_700_000_123_456)
-        .unwrap();
+    let key =
+        IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &bucket, 1_700_000_123_456)
+            .unwrap();
     assert_eq!(key.as_u128(), expected);
 }
 
@@ -120,9 +121,25 @@ fn golden_vectors() {
     let bucket = KeyScope::TimeBucket(Duration::from_secs(300));
     let invoice = Invoice { invoice_id: 7, amount_cents: -1250, currency: "EUR", memo: Some("q3") };
     let cases: [(IdempotencyKey, &str); 5] = [
-        (IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &durable, 0).unwrap(), GOLDEN[0]),
-        (IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &bucket, 1_700_000_123_456).unwrap(), GOLDEN[1]),
-        (IdempotencyKey::derive("agent-a", "record_invoice", &invoice, &durable, 0).unwrap(), GOLDEN[2]),
+        (
+            IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &durable, 0).unwrap(),
+            GOLDEN[0],
+        ),
+        (
+            IdempotencyKey::derive(
+                "agent-a",
+                "send_welcome",
+                &(42u64,),
+                &bucket,
+                1_700_000_123_456,
+            )
+            .unwrap(),
+            GOLDEN[1],
+        ),
+        (
+            IdempotencyKey::derive("agent-a", "record_invoice", &invoice, &durable, 0).unwrap(),
+            GOLDEN[2],
+        ),
         (IdempotencyKey::derive("", "", &(), &durable, 0).unwrap(), GOLDEN[3]),
         (IdempotencyKey::derive("agent-a", "x", &("ab", "c"), &durable, 0).unwrap(), GOLDEN[4]),
     ];

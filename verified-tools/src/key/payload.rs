@@ -284,12 +284,7 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         Ok(self)
     }
     fn serialize_map(self, _len: Option<usize>) -> Result<MapHasher<'a>, KeyError> {
-        Ok(MapHasher {
-            outer: self,
-            entry: None,
-            sum: 0,
-            count: 0,
-        })
+        Ok(MapHasher { outer: self, entry: None, sum: 0, count: 0 })
     }
     fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, KeyError> {
         self.tag(STRUCT);

@@ -137,6 +137,9 @@ impl Fake {
         };
         // A little virtual latency, so timeouts and backoff interleave.
         tokio::time::sleep(Duration::from_millis(10)).await;
+        if step == Attempt::Hang {
+            return std::future::pending().await;
+        }
         let mut inner = self.lock();
         let fresh = inner.ignore_keys || !inner.keys.contains(&key);
         match step {
@@ -154,10 +157,7 @@ impl Fake {
             Attempt::TimeoutLost => Err(FakeError::Timeout),
             Attempt::Definitive => Err(FakeError::Invalid),
             Attempt::Conflict => Err(FakeError::Conflict),
-            Attempt::Hang => {
-                drop(inner);
-                std::future::pending().await
-            }
+            Attempt::Hang => unreachable!("handled above"),
         }
     }
 
