@@ -174,7 +174,9 @@ impl<D, V> Call<'_, D, V> {
         self.key = Some(key);
         self.audit(CallState::Planned, None, None, None);
 
-        let Some(ledger) = cx.ledger.as_deref() else {
+        // Reads are not recorded: replaying an old read would be a stale read.
+        let recorded = self.spec.side_effect != SideEffect::None;
+        let Some(ledger) = cx.ledger.as_deref().filter(|_| recorded) else {
             return Ok(Phase::Dispatch);
         };
         let mut waited = Duration::ZERO;

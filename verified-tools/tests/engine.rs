@@ -363,3 +363,15 @@ async fn json_lines_audit_writes_one_object_per_event() {
     assert_eq!(lines[4]["state"], "verified_success");
     assert_eq!(lines[4]["key"], r.key().unwrap().to_string());
 }
+
+#[tokio::test(start_paused = true)]
+async fn reads_are_never_replayed_from_the_ledger() {
+    static READ: ToolSpec = ToolSpec::new("get_customer", SideEffect::None);
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
+    let fake = Fake::new(&[], &[]);
+    let first = run_unverified(&cx, &READ, &fake).await;
+    let second = run_unverified(&cx, &READ, &fake).await;
+    assert!(matches!(first, ToolResult::Success { value: 1, proof: Proof::Response, .. }));
+    assert!(matches!(second, ToolResult::Success { proof: Proof::Response, .. }), "{second:?}");
+    assert_eq!(fake.dispatches().len(), 2);
+}
