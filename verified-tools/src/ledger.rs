@@ -4,6 +4,9 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::{IdempotencyKey, PayloadDigest};
 
@@ -66,6 +69,8 @@ enum State {
 struct Entry {
     fingerprint: PayloadDigest,
     state: State,
+    /// When the call that holds or held the key started.
+    since: Instant,
 }
 
 /// The in-memory ledger: a mutex-guarded map, never held across an await.
@@ -86,15 +91,39 @@ struct Entry {
 /// assert!(matches!(ledger.begin(key, payload_digest(&43)?)?, Begin::Mismatch));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Default)]
 pub struct MemoryLedger {
     entries: Mutex<HashMap<u128, Entry>>,
+    ttl: Duration,
+}
+
+impl Default for MemoryLedger {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryLedger {
-    /// An empty ledger.
+    /// An empty ledger whose records live 24 hours, as Stripe keeps keys.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_ttl(Duration::from_secs(24 * 3600))
+    }
+
+    /// An empty ledger whose finished records are forgotten after `ttl`
+    /// (tokio time). Held keys never expire: their call is still running, or
+    /// its drop guard will finish them.
+    pub fn with_ttl(ttl: Duration) -> Self {
+        Self { entries: Mutex::default(), ttl }
+    }
+
+    /// Forgets the finished records older than the TTL. Lookups already
+    /// ignore them; this frees their memory.
+    pub fn purge_expired(&self) {
+        let now = Instant::now();
+        self.lock().retain(|_, e| !self.expired(e, now));
+    }
+
+    fn expired(&self, entry: &Entry, now: Instant) -> bool {
+        !matches!(entry.state, State::Held) && now.duration_since(entry.since) >= self.ttl
     }
 
     /// How many keys are recorded.
@@ -116,10 +145,15 @@ impl MemoryLedger {
 
 impl Ledger for MemoryLedger {
     fn begin(&self, key: IdempotencyKey, fingerprint: PayloadDigest) -> Result<Begin, LedgerError> {
+        let now = Instant::now();
         let mut map = self.lock();
-        let Some(entry) = map.get_mut(&key.as_u128()) else {
-            map.insert(key.as_u128(), Entry { fingerprint, state: State::Held });
-            return Ok(Begin::Claimed);
+        let fresh = Entry { fingerprint, state: State::Held, since: now };
+        let entry = match map.get_mut(&key.as_u128()) {
+            Some(entry) if !self.expired(entry, now) => entry,
+            _ => {
+                map.insert(key.as_u128(), fresh);
+                return Ok(Begin::Claimed);
+            }
         };
         if entry.fingerprint != fingerprint {
             return Ok(Begin::Mismatch);
@@ -129,6 +163,7 @@ impl Ledger for MemoryLedger {
             State::Done(value) => Begin::Completed(Arc::clone(value)),
             State::InDoubt => {
                 entry.state = State::Held;
+                entry.since = now;
                 Begin::Resume
             }
         })

@@ -375,3 +375,24 @@ async fn reads_are_never_replayed_from_the_ledger() {
     assert!(matches!(second, ToolResult::Success { proof: Proof::Response, .. }), "{second:?}");
     assert_eq!(fake.dispatches().len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn ledger_records_expire_after_their_ttl() {
+    let ledger = Arc::new(MemoryLedger::with_ttl(Duration::from_secs(60)));
+    let cx = cx().with_ledger(ledger.clone()).for_step("run", 1);
+    let fake = Fake::new(&[], &[]);
+    assert!(run(&cx, &HIGH, &fake).await.is_success());
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert!(matches!(
+        run(&cx, &HIGH, &fake).await,
+        ToolResult::Success { proof: Proof::Ledger, .. }
+    ));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    ledger.purge_expired();
+    assert!(ledger.is_empty());
+    assert!(matches!(
+        run(&cx, &HIGH, &fake).await,
+        ToolResult::Success { proof: Proof::Response, .. }
+    ));
+    assert_eq!(fake.dispatches().len(), 2);
+}
