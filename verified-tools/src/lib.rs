@@ -60,6 +60,8 @@ pub mod ledger;
 mod policy;
 mod result;
 mod side_effect;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod spec;
 mod verdict;
 

@@ -1,0 +1,511 @@
+//! The simulated server: the async API of the two tasks, with the faults
+//! injected inside each write.
+//!
+//! Every write runs in one synchronous critical section (draw the faults,
+//! replay or apply, record the key and the counts), then awaits the virtual
+//! time the answer takes: `timeout_after` for a timeout, `latency` otherwise
+//! (no await at all when it is zero). The mutex is never held across an
+//! await. Reads draw no faults; they only see the replica lag of earlier
+//! writes (see [`world`](super::world)).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use super::error::SimError;
+use super::faults::{FaultProfile, Lag, Op, Timeout};
+use super::truth::{Effect, EffectCount, FaultCounts, GroundTruth};
+use super::world::{
+    Customer, CustomerId, CustomerStatus, Hidden, InvoiceId, InvoiceRow, Message, MessageId,
+    MessageKind, Record, RecordId, RecordStatus, RowId, Sent, Slot, create, find, millis_since,
+    read, visible_messages,
+};
+use crate::IdempotencyKey;
+
+/// The paper's base seed; episode `i` runs with seed `BASE_SEED + i`.
+pub const BASE_SEED: u64 = 42;
+
+/// The seed of episode `episode` of a run seeded `base` (`base + episode`),
+/// the same for every method.
+///
+/// ```
+/// use verified_tools::sim::{episode_seed, BASE_SEED};
+/// assert_eq!(episode_seed(BASE_SEED, 3), 45);
+/// ```
+pub const fn episode_seed(base: u64, episode: u64) -> u64 {
+    base.wrapping_add(episode)
+}
+
+/// Whether a read that sees a lagging replica says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StaleReads {
+    /// The read returns the old state as if it were current (the paper's
+    /// setting: naive verifiers then report false negatives).
+    #[default]
+    Silent,
+    /// The read fails with [`SimError::StaleRead`] (a verifier turns that
+    /// into `Unknown`).
+    Flagged,
+}
+
+/// The configuration of one simulated episode.
+///
+/// ```
+/// use std::time::Duration;
+/// use verified_tools::sim::{FaultLevel, SimConfig, StaleReads};
+///
+/// let cfg = SimConfig::new(42, FaultLevel::Medium.profile())
+///     .with_honour_keys(false)
+///     .with_latency(Duration::from_millis(20))
+///     .with_stale_reads(StaleReads::Flagged);
+/// assert!(!cfg.honour_keys);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// The episode's seed; see [`episode_seed`].
+    pub seed: u64,
+    /// The fault probabilities.
+    pub profile: FaultProfile,
+    /// Whether the server deduplicates idempotency keys (default `true`).
+    pub honour_keys: bool,
+    /// What a stale read does (default [`StaleReads::Silent`]).
+    pub stale_reads: StaleReads,
+    /// Virtual time every answered call takes (default zero).
+    pub latency: Duration,
+}
+
+impl SimConfig {
+    /// A server seeded `seed` with these faults, honouring keys, silent
+    /// stale reads, no latency.
+    pub const fn new(seed: u64, profile: FaultProfile) -> Self {
+        Self {
+            seed,
+            profile,
+            honour_keys: true,
+            stale_reads: StaleReads::Silent,
+            latency: Duration::ZERO,
+        }
+    }
+
+    /// Switches idempotency-key support on or off.
+    pub const fn with_honour_keys(mut self, honour: bool) -> Self {
+        self.honour_keys = honour;
+        self
+    }
+
+    /// Sets what a stale read does.
+    pub const fn with_stale_reads(mut self, stale_reads: StaleReads) -> Self {
+        self.stale_reads = stale_reads;
+        self
+    }
+
+    /// Sets the virtual latency of every answered call.
+    pub const fn with_latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
+        self
+    }
+}
+
+/// The stored answer of a keyed write, replayed for a repeated key.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Customer(Customer),
+    Message(Message),
+    Row(InvoiceRow),
+    Record(Record),
+}
+
+trait Replied: Copy {
+    fn wrap(self) -> Reply;
+    fn unwrap(reply: Reply) -> Option<Self>;
+}
+
+macro_rules! replied {
+    ($t:ty, $v:ident) => {
+        impl Replied for $t {
+            fn wrap(self) -> Reply {
+                Reply::$v(self)
+            }
+            fn unwrap(reply: Reply) -> Option<Self> {
+                if let Reply::$v(x) = reply { Some(x) } else { None }
+            }
+        }
+    };
+}
+replied!(Customer, Customer);
+replied!(Message, Message);
+replied!(InvoiceRow, Row);
+replied!(Record, Record);
+
+#[derive(Debug, Clone, Copy)]
+struct KeyEntry {
+    key: IdempotencyKey,
+    effect: Effect,
+    reply: Reply,
+}
+
+/// How the current write is to be applied.
+struct Apply {
+    partial: bool,
+    lag: Option<Lag>,
+    now: Instant,
+    at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    customers: Vec<Slot<Customer>>,
+    outbox: Vec<Sent>,
+    rows: Vec<Slot<InvoiceRow>>,
+    records: Vec<Slot<Record>>,
+    keys: Vec<KeyEntry>,
+    effects: Vec<(Effect, EffectCount)>,
+    faults: FaultCounts,
+    calls: [u32; Op::ALL.len()],
+}
+
+impl State {
+    /// A concurrent writer touches the target of a versioned write; whether
+    /// there was a target to touch.
+    fn bump(&mut self, op: Op, target: u64, now: Instant) -> bool {
+        match op {
+            Op::SetCustomerStatus => find(&mut self.customers, CustomerId(target))
+                .map(|s| {
+                    s.write(Customer { version: s.current.version + 1, ..s.current }, None, now)
+                })
+                .is_some(),
+            Op::SetRecordStatus => find(&mut self.records, RecordId(target))
+                .map(|s| s.write(Record { version: s.current.version + 1, ..s.current }, None, now))
+                .is_some(),
+            _ => false,
+        }
+    }
+
+    fn count(&mut self, effect: Effect, partial: bool) {
+        let i = match self.effects.iter().position(|(e, _)| *e == effect) {
+            Some(i) => i,
+            None => {
+                self.effects.push((effect, EffectCount::default()));
+                self.effects.len() - 1
+            }
+        };
+        let c = &mut self.effects[i].1;
+        c.applied += 1;
+        c.partial += u32::from(partial);
+    }
+}
+
+fn check_version(expected: u64, actual: u64) -> Result<(), SimError> {
+    if expected == actual { Ok(()) } else { Err(SimError::Conflict { expected, actual }) }
+}
+
+/// The simulated server of one episode. Share it with the agent as an
+/// `Arc<SimServer>`; keep the [`Oracle`] for the harness.
+///
+/// Every write takes an optional idempotency key. While
+/// [`honour_keys`](SimConfig::honour_keys) is on, the server remembers the
+/// key of every applied write: a repeated key applies nothing and answers
+/// what the first application answered (even if that answer was lost to a
+/// timeout), like Stripe; the same key on another operation or target fails
+/// with [`SimError::KeyReuse`]. Rejected calls (conflict, not found, timeout
+/// before applying) store no key.
+///
+/// ```
+/// use verified_tools::sim::{CustomerId, CustomerStatus, FaultProfile, SimConfig, SimServer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let (server, oracle) = SimServer::new(SimConfig::new(42, FaultProfile::NONE));
+/// let c = server.create_customer(CustomerId(1), None).await.unwrap();
+/// let c = server.set_customer_status(c.id, CustomerStatus::Active, c.version, None).await.unwrap();
+/// server.send_welcome(c.id, None).await.unwrap();
+/// assert_eq!(server.count_messages(c.id).await, Ok(1));
+/// assert!(oracle.truth().customer(c.id).unwrap().activated_at.is_some());
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SimServer {
+    config: SimConfig,
+    start: Instant,
+    state: Mutex<State>,
+}
+
+/// The harness's handle on a [`SimServer`]: ground truth the agent never gets.
+#[derive(Debug, Clone)]
+pub struct Oracle(Arc<SimServer>);
+
+impl Oracle {
+    /// A snapshot of the primary: true state, effect and fault counts.
+    pub fn truth(&self) -> GroundTruth {
+        let st = self.0.lock();
+        GroundTruth {
+            customers: st.customers.iter().map(|s| s.current).collect(),
+            outbox: st.outbox.iter().map(|s| s.message).collect(),
+            rows: st.rows.iter().map(|s| s.current).collect(),
+            records: st.records.iter().map(|s| s.current).collect(),
+            effects: st.effects.clone(),
+            faults: st.faults,
+            calls: st.calls,
+        }
+    }
+
+    /// The server's configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.0.config
+    }
+}
+
+impl SimServer {
+    /// A fresh, empty server; the clock starts now (tokio time).
+    pub fn new(config: SimConfig) -> (Arc<SimServer>, Oracle) {
+        let server = Arc::new(SimServer { config, start: Instant::now(), state: Mutex::default() });
+        (Arc::clone(&server), Oracle(server))
+    }
+
+    /// The server's configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One write: faults, replay or apply, bookkeeping. Returns the answer
+    /// and the virtual time it takes.
+    fn write<R: Replied>(
+        &self,
+        op: Op,
+        target: u64,
+        key: Option<IdempotencyKey>,
+        apply: impl FnOnce(&mut State, &Apply) -> Result<R, SimError>,
+    ) -> (Result<R, SimError>, Duration) {
+        let cfg = &self.config;
+        let mut st = self.lock();
+        let n = st.calls[op as usize];
+        st.calls[op as usize] += 1;
+        let draw = cfg.profile.draw(cfg.seed, op, n);
+        let effect = Effect { op, target };
+        let key = key.filter(|_| cfg.honour_keys);
+        let timed_out = |st: &mut State, t: Timeout| {
+            match t {
+                Timeout::BeforeApplying => st.faults.timeouts_before_applying += 1,
+                Timeout::AfterApplying => st.faults.timeouts_after_applying += 1,
+            }
+            (Err(SimError::Timeout), cfg.profile.timeout_after)
+        };
+
+        if let Some(k) = key
+            && let Some(entry) = st.keys.iter().find(|e| e.key == k).copied()
+        {
+            let replay =
+                R::unwrap(entry.reply).filter(|_| entry.effect == effect).ok_or(SimError::KeyReuse);
+            return match draw.timeout {
+                Some(t) => timed_out(&mut st, t),
+                None => (replay, cfg.latency),
+            };
+        }
+
+        let now = Instant::now();
+        if draw.conflict && op.is_versioned() && st.bump(op, target, now) {
+            st.faults.conflicts += 1;
+        }
+        if draw.timeout == Some(Timeout::BeforeApplying) {
+            return timed_out(&mut st, Timeout::BeforeApplying);
+        }
+        let a = Apply {
+            partial: draw.partial && op.is_compound(),
+            lag: draw.lag,
+            now,
+            at_ms: millis_since(self.start, now),
+        };
+        let result = apply(&mut st, &a);
+        if let Ok(reply) = &result {
+            st.count(effect, a.partial);
+            st.faults.partial += u32::from(a.partial);
+            st.faults.delayed += u32::from(a.lag.is_some());
+            if let Some(key) = key {
+                st.keys.push(KeyEntry { key, effect, reply: reply.wrap() });
+            }
+        }
+        match draw.timeout {
+            Some(t) => timed_out(&mut st, t),
+            None => (result, cfg.latency),
+        }
+    }
+
+    async fn answer<R>(
+        &self,
+        (result, delay): (Result<R, SimError>, Duration),
+    ) -> Result<R, SimError> {
+        if !delay.is_zero() {
+            sleep(delay).await;
+        }
+        result
+    }
+
+    /// Creates customer `id` (status PENDING, version 1). Creating an
+    /// existing id creates a duplicate, which replaces it (latest wins, next
+    /// version).
+    pub async fn create_customer(
+        &self,
+        id: CustomerId,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Customer, SimError> {
+        let out = self.write(Op::CreateCustomer, id.0, key, |st, a| {
+            let c =
+                Customer { id, status: CustomerStatus::Pending, activated_at: None, version: 0 };
+            Ok(create(&mut st.customers, c, a.lag, a.now))
+        });
+        self.answer(out).await
+    }
+
+    /// Sets the customer's status if it is at `expected_version`; ACTIVE
+    /// also sets `activated_at` to now. A partial success sets the status
+    /// without `activated_at` and answers OK.
+    pub async fn set_customer_status(
+        &self,
+        id: CustomerId,
+        status: CustomerStatus,
+        expected_version: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Customer, SimError> {
+        let out = self.write(Op::SetCustomerStatus, id.0, key, |st, a| {
+            let s = find(&mut st.customers, id).ok_or(SimError::NotFound)?;
+            let old = s.current;
+            check_version(expected_version, old.version)?;
+            let activated_at = match status {
+                CustomerStatus::Active if a.partial => old.activated_at,
+                CustomerStatus::Active => Some(a.at_ms),
+                CustomerStatus::Pending => None,
+            };
+            let new = Customer { status, activated_at, version: old.version + 1, ..old };
+            s.write(new, a.lag, a.now);
+            Ok(new)
+        });
+        self.answer(out).await
+    }
+
+    /// Sends a welcome message to an existing customer. Every accepted send
+    /// adds a message to the outbox.
+    pub async fn send_welcome(
+        &self,
+        to: CustomerId,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Message, SimError> {
+        let out = self.write(Op::SendWelcome, to.0, key, |st, a| {
+            find(&mut st.customers, to).ok_or(SimError::NotFound)?;
+            let id = MessageId(st.outbox.len() as u64);
+            let message = Message { id, to, kind: MessageKind::Welcome, key };
+            st.outbox.push(Sent { message, hidden: a.lag.map(|l| Hidden::new(l, a.now)) });
+            Ok(message)
+        });
+        self.answer(out).await
+    }
+
+    /// Writes `invoice_id` and `amount` into the row, creating it if needed.
+    /// A partial success writes the invoice id but not the amount and
+    /// answers OK.
+    pub async fn update_invoice_row(
+        &self,
+        row: RowId,
+        invoice_id: InvoiceId,
+        amount: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<InvoiceRow, SimError> {
+        let out = self.write(Op::UpdateInvoiceRow, row.0, key, |st, a| {
+            let old = find(&mut st.rows, row).and_then(|s| s.current.amount);
+            let amount = if a.partial { old } else { Some(amount) };
+            let r = InvoiceRow { row, invoice_id: Some(invoice_id), amount, version: 0 };
+            Ok(create(&mut st.rows, r, a.lag, a.now))
+        });
+        self.answer(out).await
+    }
+
+    /// Creates record `id` (status DRAFT) with its required fields. A
+    /// partial success creates it without them and answers OK. Creating an
+    /// existing id creates a duplicate, which replaces it (latest wins).
+    pub async fn create_record(
+        &self,
+        id: RecordId,
+        invoice_id: InvoiceId,
+        amount: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Record, SimError> {
+        let out = self.write(Op::CreateRecord, id.0, key, |st, a| {
+            let (invoice_id, amount) =
+                if a.partial { (None, None) } else { (Some(invoice_id), Some(amount)) };
+            let r = Record { id, status: RecordStatus::Draft, invoice_id, amount, version: 0 };
+            Ok(create(&mut st.records, r, a.lag, a.now))
+        });
+        self.answer(out).await
+    }
+
+    /// Sets the record's status if it is at `expected_version`.
+    pub async fn set_record_status(
+        &self,
+        id: RecordId,
+        status: RecordStatus,
+        expected_version: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Record, SimError> {
+        let out = self.write(Op::SetRecordStatus, id.0, key, |st, a| {
+            let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
+            check_version(expected_version, s.current.version)?;
+            let new = Record { status, version: s.current.version + 1, ..s.current };
+            s.write(new, a.lag, a.now);
+            Ok(new)
+        });
+        self.answer(out).await
+    }
+
+    async fn read<T>(
+        &self,
+        f: impl FnOnce(&mut State, Instant) -> (T, bool),
+    ) -> Result<T, SimError> {
+        let (value, stale) = f(&mut self.lock(), Instant::now());
+        let flagged = stale && self.config.stale_reads == StaleReads::Flagged;
+        self.answer((
+            if flagged { Err(SimError::StaleRead) } else { Ok(value) },
+            self.config.latency,
+        ))
+        .await
+    }
+
+    /// Reads the customer through the replica.
+    pub async fn get_customer(&self, id: CustomerId) -> Result<Option<Customer>, SimError> {
+        self.read(|st, now| read(&mut st.customers, id, now)).await
+    }
+
+    /// Counts the welcome messages to the customer through the replica.
+    pub async fn count_messages(&self, to: CustomerId) -> Result<u32, SimError> {
+        self.read(|st, now| {
+            let mut n = 0;
+            let stale = visible_messages(&mut st.outbox, to, now, |m| {
+                n += u32::from(m.kind == MessageKind::Welcome)
+            });
+            (n, stale)
+        })
+        .await
+    }
+
+    /// Lists the messages to the customer through the replica.
+    pub async fn messages(&self, to: CustomerId) -> Result<Vec<Message>, SimError> {
+        self.read(|st, now| {
+            let mut out = Vec::new();
+            let stale = visible_messages(&mut st.outbox, to, now, |m| out.push(*m));
+            (out, stale)
+        })
+        .await
+    }
+
+    /// Reads the invoice row through the replica.
+    pub async fn get_invoice_row(&self, row: RowId) -> Result<Option<InvoiceRow>, SimError> {
+        self.read(|st, now| read(&mut st.rows, row, now)).await
+    }
+
+    /// Reads the record through the replica.
+    pub async fn get_record(&self, id: RecordId) -> Result<Option<Record>, SimError> {
+        self.read(|st, now| read(&mut st.records, id, now)).await
+    }
+}

@@ -1,0 +1,581 @@
+//! The simulator's fault modes, key handling, visibility lag and ground
+//! truth, run on paused tokio time.
+#![cfg(feature = "sim")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use verified_tools::sim::{
+    ActivateCustomer, CustomerId, CustomerStatus, FaultLevel, FaultProfile, InvoiceId, Op, Oracle,
+    RecordId, RecordInvoice, RecordStatus, RowId, SimConfig, SimError, SimServer, StaleReads, Task,
+    TaskKind, Timeout,
+};
+use verified_tools::{Classify, ErrorClass, IdempotencyKey};
+
+const C: CustomerId = CustomerId(7);
+const ROW: RowId = RowId(3);
+const REC: RecordId = RecordId(5);
+const INV: InvoiceId = InvoiceId(1234);
+const AMOUNT: u64 = 9_900;
+
+fn key(n: u128) -> Option<IdempotencyKey> {
+    Some(IdempotencyKey::from_u128(n))
+}
+
+fn server(profile: FaultProfile) -> (Arc<SimServer>, Oracle) {
+    SimServer::new(SimConfig::new(42, profile))
+}
+
+/// The first seed whose fault draws satisfy `pred`.
+fn seed_where(pred: impl Fn(u64) -> bool) -> u64 {
+    (0..100_000).find(|&s| pred(s)).expect("a seed with these faults")
+}
+
+/// A server with customer `C` already created, without faults on that call.
+async fn with_customer(cfg: SimConfig) -> (Arc<SimServer>, Oracle, u64) {
+    let (s, o) = SimServer::new(cfg);
+    let c = s.create_customer(C, None).await.expect("no fault drawn on create");
+    (s, o, c.version)
+}
+
+// ---------------------------------------------------------------- timeouts
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_before_applying_leaves_no_effect_and_takes_the_timeout() {
+    let p = FaultProfile { timeout: 1.0, ..FaultProfile::NONE }.with_timeout_applied_share(0.0);
+    let (s, o) = server(p);
+    let t0 = Instant::now();
+    let err = s.create_customer(C, key(1)).await.unwrap_err();
+    assert_eq!(err, SimError::Timeout);
+    assert_eq!(err.classify(), ErrorClass::Ambiguous);
+    assert_eq!(t0.elapsed(), p.timeout_after);
+    let truth = o.truth();
+    assert_eq!(truth.customer(C), None);
+    assert_eq!(truth.applied(Op::CreateCustomer, C.0).applied, 0);
+    assert_eq!(truth.faults().timeouts_before_applying, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_after_applying_leaves_the_effect() {
+    let p = FaultProfile { timeout: 1.0, ..FaultProfile::NONE }.with_timeout_applied_share(1.0);
+    let (s, o) = server(p);
+    assert_eq!(s.create_customer(C, None).await, Err(SimError::Timeout));
+    let truth = o.truth();
+    assert_eq!(truth.customer(C).map(|c| c.status), Some(CustomerStatus::Pending));
+    assert_eq!(truth.applied(Op::CreateCustomer, C.0).applied, 1);
+    assert_eq!(truth.faults().timeouts_after_applying, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn both_timeout_variants_occur_on_the_server_at_the_configured_split() {
+    let p = FaultProfile { timeout: 1.0, ..FaultProfile::NONE };
+    // Every call times out; pick a seed whose creation got applied first.
+    let seed =
+        seed_where(|s| p.draw(s, Op::CreateCustomer, 0).timeout == Some(Timeout::AfterApplying));
+    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    assert_eq!(s.create_customer(C, None).await, Err(SimError::Timeout));
+    let t0 = Instant::now();
+    for _ in 0..2_000 {
+        assert_eq!(s.send_welcome(C, None).await, Err(SimError::Timeout));
+    }
+    assert_eq!(t0.elapsed(), p.timeout_after * 2_000);
+    let truth = o.truth();
+    let f = truth.faults();
+    assert_eq!(f.timeouts_before_applying + f.timeouts_after_applying, 2_001);
+    // Each send that timed out after applying left a message; about half did.
+    assert_eq!(truth.welcome_messages(C) + 1, f.timeouts_after_applying);
+    assert!((900..=1_100).contains(&f.timeouts_after_applying), "{f:?}");
+}
+
+// ---------------------------------------------------------------- keys
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_key_applies_nothing_and_answers_as_the_first() {
+    let (s, o, _) = with_customer(SimConfig::new(42, FaultProfile::NONE)).await;
+    let first = s.send_welcome(C, key(9)).await.unwrap();
+    let again = s.send_welcome(C, key(9)).await.unwrap();
+    assert_eq!(first, again);
+    let truth = o.truth();
+    assert_eq!(truth.welcome_messages(C), 1);
+    assert_eq!(truth.applied(Op::SendWelcome, C.0).applied, 1);
+    assert!(!truth.has_duplicates());
+    assert_eq!(truth.calls(Op::SendWelcome), 2);
+    // Another key is another send.
+    s.send_welcome(C, key(10)).await.unwrap();
+    assert_eq!(o.truth().welcome_messages(C), 2);
+    assert!(o.truth().has_duplicates());
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_ignored_when_switched_off() {
+    let cfg = SimConfig::new(42, FaultProfile::NONE).with_honour_keys(false);
+    let (s, o, _) = with_customer(cfg).await;
+    let first = s.send_welcome(C, key(9)).await.unwrap();
+    let again = s.send_welcome(C, key(9)).await.unwrap();
+    assert_ne!(first.id, again.id);
+    let truth = o.truth();
+    assert_eq!(truth.welcome_messages(C), 2);
+    assert!(truth.has_duplicates());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_reused_for_another_request_is_refused() {
+    let (s, o, v) = with_customer(SimConfig::new(42, FaultProfile::NONE)).await;
+    s.send_welcome(C, key(1)).await.unwrap();
+    let err = s.send_welcome(CustomerId(8), key(1)).await.unwrap_err();
+    assert_eq!(err, SimError::KeyReuse);
+    assert_eq!(err.classify(), ErrorClass::Definitive);
+    let err = s.set_customer_status(C, CustomerStatus::Active, v, key(1)).await.unwrap_err();
+    assert_eq!(err, SimError::KeyReuse);
+    assert_eq!(o.truth().customer(C).unwrap().status, CustomerStatus::Pending);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_an_applied_timeout_is_deduplicated_only_with_keys() {
+    let p = FaultLevel::High.profile();
+    // Call 0 of the send times out after applying; call 1 goes through.
+    let seed = seed_where(|s| {
+        p.draw(s, Op::CreateCustomer, 0) == Default::default()
+            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
+            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
+    });
+    for honour in [true, false] {
+        let cfg = SimConfig::new(seed, p).with_honour_keys(honour);
+        let (s, o, _) = with_customer(cfg).await;
+        assert_eq!(s.send_welcome(C, key(5)).await, Err(SimError::Timeout));
+        let retry = s.send_welcome(C, key(5)).await.unwrap();
+        let truth = o.truth();
+        assert_eq!(retry.id.0, if honour { 0 } else { 1 });
+        assert_eq!(truth.welcome_messages(C), if honour { 1 } else { 2 });
+        assert_eq!(truth.has_duplicates(), !honour);
+    }
+}
+
+// ---------------------------------------------------------------- partial success
+
+#[tokio::test(start_paused = true)]
+async fn partial_success_answers_ok_and_leaves_activate_customer_false() {
+    let p = FaultProfile { partial_success: 1.0, ..FaultProfile::NONE };
+    let (s, o) = server(p);
+    let c = s.create_customer(C, None).await.unwrap(); // not compound: complete
+    let c = s.set_customer_status(c.id, CustomerStatus::Active, c.version, None).await.unwrap();
+    assert_eq!((c.status, c.activated_at), (CustomerStatus::Active, None)); // OK, with partial data
+    s.send_welcome(C, None).await.unwrap(); // not compound: complete
+    let truth = o.truth();
+    assert_eq!(truth.customer(C).unwrap().activated_at, None);
+    assert_eq!(truth.welcome_messages(C), 1);
+    assert!(!ActivateCustomer { customer: C }.holds(&truth));
+    assert_eq!(truth.faults().partial, 1);
+    assert_eq!(truth.applied(Op::SetCustomerStatus, C.0).partial, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn partial_success_answers_ok_and_leaves_record_invoice_false() {
+    let p = FaultProfile { partial_success: 1.0, ..FaultProfile::NONE };
+    let (s, o) = server(p);
+    let row = s.update_invoice_row(ROW, INV, AMOUNT, None).await.unwrap();
+    assert_eq!((row.invoice_id, row.amount), (Some(INV), None));
+    let r = s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount), (None, None));
+    let r = s.set_record_status(REC, RecordStatus::Recorded, r.version, None).await.unwrap();
+    assert_eq!(r.status, RecordStatus::Recorded); // not compound: complete
+    let task = RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT, record: REC };
+    let truth = o.truth();
+    assert!(truth.invoice_row(ROW).is_some() && truth.record(REC).is_some());
+    assert!(!task.holds(&truth));
+    assert_eq!(truth.faults().partial, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn completing_a_partial_update_is_not_a_duplicate_but_a_second_full_one_is() {
+    let p = FaultProfile::NONE;
+    // A seed whose calls 0, 1, 2 are partial, full, full.
+    let half = FaultProfile { partial_success: 0.5, ..p };
+    let seed = seed_where(|s| {
+        half.draw(s, Op::UpdateInvoiceRow, 0).partial
+            && !half.draw(s, Op::UpdateInvoiceRow, 1).partial
+            && !half.draw(s, Op::UpdateInvoiceRow, 2).partial
+    });
+    let (s, o) = SimServer::new(SimConfig::new(seed, half));
+    assert_eq!(s.update_invoice_row(ROW, INV, AMOUNT, None).await.unwrap().amount, None);
+    // A retry with the same key replays the partial answer and repairs nothing.
+    let (s2, o2) = SimServer::new(SimConfig::new(seed, half));
+    s2.update_invoice_row(ROW, INV, AMOUNT, key(3)).await.unwrap();
+    assert_eq!(s2.update_invoice_row(ROW, INV, AMOUNT, key(3)).await.unwrap().amount, None);
+    assert_eq!(o2.truth().applied(Op::UpdateInvoiceRow, ROW.0).applied, 1);
+    // A repair (new write) completes it: one full application, no duplicate.
+    s.update_invoice_row(ROW, INV, AMOUNT, None).await.unwrap();
+    let truth = o.truth();
+    assert_eq!(truth.invoice_row(ROW).unwrap().amount, Some(AMOUNT));
+    assert_eq!(truth.applied(Op::UpdateInvoiceRow, ROW.0).full(), 1);
+    assert!(!truth.has_duplicates());
+    // A second full write is a duplicate write.
+    s.update_invoice_row(ROW, INV, AMOUNT, None).await.unwrap();
+    let dups: Vec<_> = o.truth().duplicates().collect();
+    assert_eq!(dups.len(), 1);
+    assert_eq!((dups[0].0.op, dups[0].1.applied, dups[0].1.partial), (Op::UpdateInvoiceRow, 3, 1));
+}
+
+// ---------------------------------------------------------------- conflicts
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_bumps_the_version_and_rejects_the_write() {
+    let p = FaultProfile { conflict: 0.5, ..FaultProfile::NONE };
+    let seed = seed_where(|s| {
+        p.draw(s, Op::SetCustomerStatus, 0).conflict
+            && !p.draw(s, Op::SetCustomerStatus, 1).conflict
+    });
+    let (s, o, v) = with_customer(SimConfig::new(seed, p)).await;
+    assert_eq!(v, 1);
+    let err = s.set_customer_status(C, CustomerStatus::Active, v, key(1)).await.unwrap_err();
+    assert_eq!(err, SimError::Conflict { expected: 1, actual: 2 });
+    assert_eq!(err.classify(), ErrorClass::Conflict);
+    let truth = o.truth();
+    let c = truth.customer(C).unwrap();
+    assert_eq!((c.version, c.status), (2, CustomerStatus::Pending));
+    assert_eq!(truth.faults().conflicts, 1);
+    assert_eq!(truth.applied(Op::SetCustomerStatus, C.0).applied, 0);
+    // The rejected call stored no key: re-read the version, retry with the same key.
+    let fresh = s.get_customer(C).await.unwrap().unwrap();
+    let c = s.set_customer_status(C, CustomerStatus::Active, fresh.version, key(1)).await.unwrap();
+    assert_eq!((c.version, c.status), (3, CustomerStatus::Active));
+    assert!(c.activated_at.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn versioned_writes_reject_a_stale_version_without_any_fault() {
+    let (s, o) = server(FaultProfile::NONE);
+    let r = s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    s.set_record_status(REC, RecordStatus::Recorded, r.version, None).await.unwrap();
+    // A blind retry of the same write carries the now stale version.
+    let err = s.set_record_status(REC, RecordStatus::Recorded, r.version, None).await.unwrap_err();
+    assert_eq!(err, SimError::Conflict { expected: 1, actual: 2 });
+    assert_eq!(o.truth().applied(Op::SetRecordStatus, REC.0).applied, 1);
+    assert_eq!(
+        s.set_record_status(RecordId(99), RecordStatus::Recorded, 1, None).await,
+        Err(SimError::NotFound)
+    );
+}
+
+// ---------------------------------------------------------------- delayed visibility
+
+#[tokio::test(start_paused = true)]
+async fn stale_reads_end_after_the_read_lag_and_the_time_lag() {
+    let p = FaultProfile { delayed_visibility: 1.0, ..FaultProfile::NONE }
+        .with_lag(3, Duration::from_millis(400));
+    let (s, o) = server(p);
+    let lag = p.draw(42, Op::CreateCustomer, 0).lag.unwrap();
+    let t0 = Instant::now();
+    s.create_customer(C, None).await.unwrap();
+    assert!(o.truth().customer(C).is_some(), "the primary has it");
+    for _ in 0..lag.reads {
+        assert_eq!(s.get_customer(C).await, Ok(None), "stale: the creation is hidden");
+    }
+    if t0.elapsed() < lag.time {
+        assert_eq!(s.get_customer(C).await, Ok(None), "reads are used up, the time is not");
+        tokio::time::sleep_until(t0 + lag.time).await;
+    }
+    assert_eq!(s.get_customer(C).await.unwrap().map(|c| c.version), Some(1));
+    assert_eq!(o.truth().faults().delayed, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delayed_update_shows_the_previous_state_then_the_new_one() {
+    let p = FaultProfile { delayed_visibility: 0.5, ..FaultProfile::NONE }
+        .with_lag(2, Duration::from_millis(300));
+    let seed = seed_where(|s| {
+        p.draw(s, Op::CreateCustomer, 0).lag.is_none()
+            && p.draw(s, Op::SetCustomerStatus, 0).lag.is_some()
+    });
+    let (s, _o, v) = with_customer(SimConfig::new(seed, p)).await;
+    s.set_customer_status(C, CustomerStatus::Active, v, None).await.unwrap();
+    let seen = s.get_customer(C).await.unwrap().unwrap();
+    assert_eq!((seen.status, seen.version), (CustomerStatus::Pending, 1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = s.get_customer(C).await; // a second read, in case the lag was 2 reads
+    let seen = s.get_customer(C).await.unwrap().unwrap();
+    assert_eq!((seen.status, seen.version), (CustomerStatus::Active, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delayed_send_fools_a_naive_verifier_into_a_duplicate_without_keys() {
+    let p = FaultProfile { delayed_visibility: 1.0, timeout: 0.5, ..FaultProfile::NONE };
+    let seed = seed_where(|s| {
+        p.draw(s, Op::CreateCustomer, 0).timeout.is_none()
+            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
+            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
+    });
+    for honour in [true, false] {
+        let cfg = SimConfig::new(seed, p).with_honour_keys(honour);
+        let (s, o) = SimServer::new(cfg);
+        s.create_customer(C, None).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await; // let the customer show
+        let _ = s.get_customer(C).await;
+        let _ = s.get_customer(C).await;
+        assert_eq!(s.send_welcome(C, key(4)).await, Err(SimError::Timeout));
+        // The naive verifier reads at once and sees no message: a false negative.
+        assert_eq!(s.count_messages(C).await, Ok(0));
+        s.send_welcome(C, key(4)).await.unwrap();
+        let truth = o.truth();
+        assert_eq!(truth.welcome_messages(C), if honour { 1 } else { 2 });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn flagged_stale_reads_fail_instead_of_lying() {
+    let p =
+        FaultProfile { delayed_visibility: 1.0, ..FaultProfile::NONE }.with_lag(1, Duration::ZERO);
+    let cfg = SimConfig::new(42, p).with_stale_reads(StaleReads::Flagged);
+    let (s, _o) = SimServer::new(cfg);
+    s.create_customer(C, None).await.unwrap();
+    let err = s.get_customer(C).await.unwrap_err();
+    assert_eq!(err, SimError::StaleRead);
+    assert_eq!(err.classify(), ErrorClass::Ambiguous);
+    assert!(s.get_customer(C).await.unwrap().is_some());
+    s.send_welcome(C, None).await.unwrap();
+    assert_eq!(s.messages(C).await, Err(SimError::StaleRead));
+    assert_eq!(s.messages(C).await.unwrap().len(), 1);
+}
+
+// ---------------------------------------------------------------- rates on the server
+
+#[tokio::test(start_paused = true)]
+async fn fault_modes_occur_at_their_rates_over_many_episodes() {
+    const EPISODES: u32 = 10_000;
+    for level in [FaultLevel::Medium, FaultLevel::Extreme] {
+        let p = level.profile();
+        let (mut timeouts, mut applied_timeouts, mut applied, mut delayed) = (0, 0, 0, 0);
+        let (mut rows, mut partial, mut conflicts) = (0, 0, 0);
+        for e in 0..EPISODES {
+            let (s, o) = SimServer::new(SimConfig::new(1_000 + u64::from(e), p));
+            // Customer and record exist on the primary whatever the faults.
+            while s.create_customer(C, None).await.is_err() {}
+            while s.create_record(REC, INV, AMOUNT, None).await.is_err() {}
+            let f0 = o.truth().faults();
+            // One call of each measured operation.
+            let sent = s.send_welcome(C, None).await;
+            let _ = s.update_invoice_row(ROW, INV, AMOUNT, None).await;
+            let _ = s
+                .set_record_status(
+                    REC,
+                    RecordStatus::Recorded,
+                    o.truth().record(REC).unwrap().version,
+                    None,
+                )
+                .await;
+            let truth = o.truth();
+            let f1 = truth.faults();
+            let send = truth.applied(Op::SendWelcome, C.0);
+            let row = truth.applied(Op::UpdateInvoiceRow, ROW.0);
+            timeouts += u32::from(sent == Err(SimError::Timeout));
+            applied_timeouts += u32::from(sent == Err(SimError::Timeout) && send.applied == 1);
+            // Every applied write draws its lag independently.
+            applied +=
+                send.applied + row.applied + truth.applied(Op::SetRecordStatus, REC.0).applied;
+            delayed += f1.delayed - f0.delayed;
+            rows += row.applied;
+            partial += row.partial;
+            conflicts += f1.conflicts - f0.conflicts;
+        }
+        // Within 4 standard errors of the configured probability.
+        let near = |k: u32, n: u32, want: f64, what: &str| {
+            let got = f64::from(k) / f64::from(n);
+            let tol = 4.0 * (want * (1.0 - want) / f64::from(n)).sqrt();
+            assert!(
+                (got - want).abs() < tol,
+                "{level} {what}: {k}/{n} = {got:.4}, want {want} ± {tol:.4}"
+            );
+        };
+        near(timeouts, EPISODES, p.timeout, "timeouts");
+        near(applied_timeouts, timeouts, p.timeout_applied_share, "timeouts after applying");
+        near(delayed, applied, p.delayed_visibility, "delayed visibility");
+        near(partial, rows, p.partial_success, "partial success");
+        near(conflicts, EPISODES, p.conflict, "conflicts");
+    }
+}
+
+// ---------------------------------------------------------------- determinism
+
+/// A blind-retry agent: every write retried once on error, no keys.
+async fn blind_episode(cfg: SimConfig, task: Task, verify_reads: u32) -> (Vec<String>, Oracle) {
+    let (s, o) = SimServer::new(cfg);
+    let mut log = Vec::new();
+    for attempt in 0..2 {
+        for _ in 0..verify_reads {
+            let _ = s.get_customer(C).await;
+            let _ = s.count_messages(C).await;
+            let _ = s.get_record(REC).await;
+        }
+        match task {
+            Task::ActivateCustomer(t) => {
+                let c = s.create_customer(t.customer, None).await;
+                log.push(format!("{attempt} create {c:?}"));
+                let v = o.truth().customer(t.customer).map_or(1, |c| c.version);
+                let r = s.set_customer_status(t.customer, CustomerStatus::Active, v, None).await;
+                log.push(format!("{attempt} status {r:?}"));
+                let m = s.send_welcome(t.customer, None).await;
+                log.push(format!("{attempt} send {m:?}"));
+            }
+            Task::RecordInvoice(t) => {
+                let r = s.update_invoice_row(t.row, t.invoice_id, t.amount, None).await;
+                log.push(format!("{attempt} row {r:?}"));
+                let r = s.create_record(t.record, t.invoice_id, t.amount, None).await;
+                log.push(format!("{attempt} record {r:?}"));
+                let v = o.truth().record(t.record).map_or(1, |r| r.version);
+                let r = s.set_record_status(t.record, RecordStatus::Recorded, v, None).await;
+                log.push(format!("{attempt} recorded {r:?}"));
+            }
+        }
+    }
+    (log, o)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_seed_gives_the_same_fault_stream_whatever_the_reads() {
+    let p = FaultLevel::Extreme.profile();
+    let mut differ = 0;
+    for e in 0..50 {
+        for kind in TaskKind::ALL {
+            let seed = 42 + e;
+            let task = kind.instance(seed);
+            let (a, oa) = blind_episode(SimConfig::new(seed, p), task, 0).await;
+            // Another method: many verifier reads in between, same faults.
+            let (b, ob) = blind_episode(SimConfig::new(seed, p), task, 3).await;
+            let (ta, tb) = (oa.truth(), ob.truth());
+            assert_eq!(ta.effects(), tb.effects(), "episode {e} {kind}");
+            assert_eq!(ta.faults(), tb.faults());
+            assert_eq!(task.holds(&ta), task.holds(&tb));
+            let strip = |v: &[String]| {
+                v.iter().map(|l| l.replace(|c: char| c.is_ascii_digit(), "")).collect::<Vec<_>>()
+            };
+            assert_eq!(strip(&a), strip(&b));
+            let (c, _) = blind_episode(SimConfig::new(seed + 1_000, p), task, 0).await;
+            differ += usize::from(a != c);
+        }
+    }
+    assert!(differ > 50, "other seeds give other streams ({differ}/100 differ)");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_seed_replays_identically_in_virtual_time() {
+    let cfg =
+        SimConfig::new(45, FaultLevel::High.profile()).with_latency(Duration::from_millis(20));
+    let task = TaskKind::ActivateCustomer.instance(45);
+    let t0 = Instant::now();
+    let (a, oa) = blind_episode(cfg, task, 1).await;
+    let d0 = t0.elapsed();
+    let t1 = Instant::now();
+    let (b, ob) = blind_episode(cfg, task, 1).await;
+    assert_eq!(a, b);
+    assert_eq!(t1.elapsed(), d0);
+    assert_eq!(oa.truth().outbox(), ob.truth().outbox());
+    assert!(d0 >= Duration::from_millis(20) * 6);
+}
+
+// ---------------------------------------------------------------- ground truth
+
+#[tokio::test(start_paused = true)]
+async fn ground_truth_counts_duplicates() {
+    let cfg = SimConfig::new(42, FaultProfile::NONE).with_honour_keys(false);
+    let (s, o) = SimServer::new(cfg);
+    let c = s.create_customer(C, key(1)).await.unwrap();
+    let c2 = s.create_customer(C, key(1)).await.unwrap(); // a duplicate customer, latest wins
+    assert_eq!((c.version, c2.version), (1, 2));
+    for _ in 0..3 {
+        s.send_welcome(C, None).await.unwrap();
+    }
+    let c = s.set_customer_status(C, CustomerStatus::Active, 2, None).await.unwrap();
+    s.update_invoice_row(ROW, INV, AMOUNT, None).await.unwrap();
+    s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    let truth = o.truth();
+    assert_eq!(truth.applied(Op::CreateCustomer, C.0).applied, 2);
+    assert_eq!(truth.applied(Op::SendWelcome, C.0).applied, 3);
+    assert_eq!(truth.applied(Op::SetCustomerStatus, C.0).applied, 1);
+    assert_eq!(truth.applied(Op::SendWelcome, 99).applied, 0);
+    let mut dups: Vec<_> = truth.duplicates().map(|(e, n)| (e.op, e.target, n.applied)).collect();
+    dups.sort();
+    assert_eq!(dups, [(Op::CreateCustomer, C.0, 2), (Op::SendWelcome, C.0, 3)]);
+    assert!(
+        c.activated_at.is_some() && truth.customer(C).unwrap().status == CustomerStatus::Active
+    );
+    assert!(!ActivateCustomer { customer: C }.holds(&truth), "three welcome messages");
+    assert!(
+        !RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT, record: REC }.holds(&truth)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_run_satisfies_both_postconditions() {
+    let (s, o) = server(FaultProfile::NONE);
+    let c = s.create_customer(C, key(1)).await.unwrap();
+    s.set_customer_status(C, CustomerStatus::Active, c.version, key(2)).await.unwrap();
+    s.send_welcome(C, key(3)).await.unwrap();
+    s.update_invoice_row(ROW, INV, AMOUNT, key(4)).await.unwrap();
+    let r = s.create_record(REC, INV, AMOUNT, key(5)).await.unwrap();
+    s.set_record_status(REC, RecordStatus::Recorded, r.version, key(6)).await.unwrap();
+    let truth = o.truth();
+    assert!(ActivateCustomer { customer: C }.holds(&truth));
+    assert!(RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT, record: REC }.holds(&truth));
+    assert!(
+        !RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT + 1, record: REC }.holds(&truth)
+    );
+    assert!(!truth.has_duplicates());
+    assert_eq!(truth.faults(), Default::default());
+}
+
+// ---------------------------------------------------------------- with the engine
+
+#[tokio::test(start_paused = true)]
+async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
+    use verified_tools::{Context, SideEffect, ToolResult, ToolSpec, Verdict, engine};
+    static SEND: ToolSpec = ToolSpec::new("send_welcome", SideEffect::High).with_verifier();
+
+    let p = FaultLevel::High.profile();
+    let seed = seed_where(|s| {
+        p.draw(s, Op::CreateCustomer, 0) == Default::default()
+            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
+            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
+    });
+    for honour in [true, false] {
+        let (s, o, _) = with_customer(SimConfig::new(seed, p).with_honour_keys(honour)).await;
+        let cx = Context::new("agent").for_step("episode", 3);
+        let result: ToolResult<(), SimError> = engine::call(
+            &cx,
+            &SEND,
+            &(C.0,),
+            &(C.0,),
+            |key| {
+                let s = Arc::clone(&s);
+                async move { s.send_welcome(C, Some(key)).await.map(|_| ()) }
+            },
+            Some(|| {
+                let s = Arc::clone(&s);
+                async move {
+                    match s.count_messages(C).await {
+                        Ok(0) => Verdict::Absent,
+                        Ok(_) => Verdict::Holds(()),
+                        Err(_) => Verdict::Unknown,
+                    }
+                }
+            }),
+        )
+        .await;
+        assert!(result.is_success(), "{honour}");
+        let truth = o.truth();
+        // With keys there is one message whatever the verifier saw.
+        if honour {
+            assert_eq!(truth.welcome_messages(C), 1);
+        }
+        assert!(truth.welcome_messages(C) >= 1);
+    }
+}
+
+#[test]
+fn server_futures_are_send() {
+    fn is_send<T: Send>(_: &T) {}
+    let (s, _o) = SimServer::new(SimConfig::new(1, FaultProfile::NONE));
+    is_send(&s.send_welcome(C, None));
+    is_send(&s.messages(C));
+    is_send(&s.set_record_status(REC, RecordStatus::Recorded, 1, None));
+}
