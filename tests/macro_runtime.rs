@@ -1,0 +1,367 @@
+//! Runtime behaviour of the code `#[verified_tool]` generates, against a small
+//! fake service with injected faults. Tokio time is paused: timeouts and
+//! backoff run instantly and deterministically.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use verified_tools::audit::{CallState, MemoryAudit};
+use verified_tools::{
+    Classify, Context, ErrorClass, IdempotencyKey, Proof, SideEffect, TokioClock, ToolResult,
+    Verdict, verified_tool,
+};
+
+/// What the fake does on one dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Applies the effect and answers.
+    None,
+    /// Applies the effect, then never answers (the response is lost).
+    TimeoutAfterApply,
+    /// Never reaches the server and never answers.
+    TimeoutBeforeApply,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SvcError {
+    Invalid,
+}
+
+impl Classify for SvcError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Definitive
+    }
+}
+
+/// A fake service that honours idempotency keys and records every dispatch.
+#[derive(Default)]
+struct Service {
+    faults: Mutex<VecDeque<Fault>>,
+    /// The key of every dispatch, in order.
+    dispatches: Mutex<Vec<IdempotencyKey>>,
+    /// Applied effects: (key, customer).
+    applied: Mutex<Vec<(IdempotencyKey, u64)>>,
+    verifier_reads: AtomicU32,
+}
+
+impl Service {
+    fn with_faults(faults: &[Fault]) -> Self {
+        Self { faults: Mutex::new(faults.iter().copied().collect()), ..Self::default() }
+    }
+
+    async fn activate(&self, key: IdempotencyKey, customer: u64) -> Result<u64, SvcError> {
+        self.dispatches.lock().unwrap().push(key);
+        let fault = self.faults.lock().unwrap().pop_front().unwrap_or(Fault::None);
+        if fault == Fault::TimeoutBeforeApply {
+            std::future::pending::<()>().await;
+        }
+        {
+            let mut applied = self.applied.lock().unwrap();
+            if !applied.iter().any(|(k, _)| *k == key) {
+                applied.push((key, customer));
+            }
+        }
+        if fault == Fault::TimeoutAfterApply {
+            std::future::pending::<()>().await;
+        }
+        Ok(customer)
+    }
+
+    fn is_applied(&self, customer: u64) -> Verdict<u64> {
+        self.verifier_reads.fetch_add(1, Ordering::SeqCst);
+        let applied = self.applied.lock().unwrap();
+        if applied.iter().any(|(_, c)| *c == customer) {
+            Verdict::Holds(customer)
+        } else {
+            Verdict::Absent
+        }
+    }
+
+    fn dispatch_keys(&self) -> Vec<IdempotencyKey> {
+        self.dispatches.lock().unwrap().clone()
+    }
+
+    fn effects(&self) -> usize {
+        self.applied.lock().unwrap().len()
+    }
+}
+
+/// Activates a customer (the paper's `activate_customer`).
+#[verified_tool(side_effect = "high", verify = is_active, skip(svc), timeout = "2s")]
+async fn activate(svc: &Service, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
+    svc.activate(key, customer).await
+}
+
+async fn is_active(svc: &Service, customer: &u64) -> Verdict<u64> {
+    svc.is_applied(*customer)
+}
+
+#[verified_tool(side_effect = "high", verify = is_active, skip(svc), timeout = "2s", retries = 3)]
+async fn activate_3(svc: &Service, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
+    svc.activate(key, customer).await
+}
+
+/// Same as `activate`, with a secret token and a label in the key.
+#[verified_tool(
+    side_effect = "high",
+    verify = is_active_with_token,
+    skip(svc),
+    secret(token),
+    timeout = "2s",
+    bucket = "5m",
+    name = "activate_with_token",
+    verify_response = true
+)]
+async fn activate_secret(
+    svc: &Service,
+    customer: u64,
+    token: &str,
+    label: String,
+    key: IdempotencyKey,
+) -> Result<u64, SvcError> {
+    assert!(!token.is_empty() && !label.is_empty());
+    svc.activate(key, customer).await
+}
+
+async fn is_active_with_token(
+    svc: &Service,
+    customer: &u64,
+    _token: &str,
+    _label: &String,
+) -> Verdict<u64> {
+    svc.is_applied(*customer)
+}
+
+/// A low-risk tool: no verifier, retried with the key.
+#[verified_tool(side_effect = "low", skip(svc), timeout = "1s")]
+async fn draft(svc: &Service, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
+    svc.activate(key, customer).await
+}
+
+/// A read: no key parameter, no verifier.
+#[verified_tool(side_effect = "none", skip(svc), timeout = "1s", retries = 2)]
+async fn count(svc: &Service, customer: u64) -> Result<u64, SvcError> {
+    if customer == 0 {
+        return Err(SvcError::Invalid);
+    }
+    Ok(svc.effects() as u64)
+}
+
+/// A tool written as a method, with a verifier method and a fallible read.
+struct Crm {
+    svc: Service,
+    fail_reads: AtomicU32,
+}
+
+impl Crm {
+    #[verified_tool(side_effect = "irreversible", verify = check, timeout = "2s", retries = 1, send = true)]
+    async fn close_account(&self, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
+        self.svc.activate(key, customer).await
+    }
+
+    /// A failed read is `Unknown`: the engine reads again before deciding.
+    async fn check(&self, customer: &u64) -> Result<Verdict<u64>, SvcError> {
+        if self.fail_reads.load(Ordering::SeqCst) > 0 {
+            self.fail_reads.fetch_sub(1, Ordering::SeqCst);
+            return Err(SvcError::Invalid);
+        }
+        Ok(self.svc.is_applied(*customer))
+    }
+}
+
+fn context() -> Context {
+    Context::new("agent-1").with_clock(Arc::new(TokioClock::starting_at(1_700_000_000_000)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_after_apply_is_verified_not_retried() {
+    let svc = Service::with_faults(&[Fault::TimeoutAfterApply]);
+    let result = activate(&context(), &svc, 7).await;
+    assert!(
+        matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }),
+        "{result:?}"
+    );
+    assert_eq!(svc.dispatch_keys().len(), 1, "the verifier saw the effect: no second dispatch");
+    assert_eq!(svc.effects(), 1);
+    assert!(svc.verifier_reads.load(Ordering::SeqCst) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn absent_retries_once_with_the_same_key() {
+    let svc = Service::with_faults(&[Fault::TimeoutBeforeApply]);
+    let result = activate(&context(), &svc, 7).await;
+    assert!(
+        matches!(result, ToolResult::Success { value: 7, proof: Proof::Response, .. }),
+        "{result:?}"
+    );
+    let keys = svc.dispatch_keys();
+    assert_eq!(keys.len(), 2, "one retry after the verifier said Absent");
+    assert_eq!(keys[0], keys[1], "both attempts carry the same key");
+    assert_eq!(Some(keys[0]), result.key());
+    assert_eq!(svc.effects(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_budget_is_the_attribute_s() {
+    // Default class budget (high: 1 retry): two dispatches, then NotApplied.
+    let svc = Service::with_faults(&[Fault::TimeoutBeforeApply; 8]);
+    let result = activate(&context(), &svc, 7).await;
+    assert!(matches!(result, ToolResult::NotApplied { .. }), "{result:?}");
+    assert_eq!(svc.dispatch_keys().len(), 2);
+
+    // `retries = 3`: four dispatches, all with one key.
+    let svc = Service::with_faults(&[Fault::TimeoutBeforeApply; 8]);
+    let result = activate_3(&context(), &svc, 7).await;
+    assert!(matches!(result, ToolResult::NotApplied { .. }), "{result:?}");
+    let keys = svc.dispatch_keys();
+    assert_eq!(keys.len(), 4);
+    assert!(keys.iter().all(|k| *k == keys[0]));
+    assert_eq!(activate_3_spec().retries, Some(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn skipped_parameters_do_not_change_the_key_others_do() {
+    let cx = context();
+    let (a, b) = (Service::default(), Service::default());
+    let key = |r: ToolResult<u64, SvcError>| r.key().expect("a key");
+    let with_a = key(activate(&cx, &a, 7).await);
+    let with_b = key(activate(&cx, &b, 7).await);
+    assert_eq!(with_a, with_b, "`svc` is skipped: another client, same key");
+    let other_customer = key(activate(&cx, &a, 8).await);
+    assert_ne!(with_a, other_customer, "`customer` is in the key");
+
+    // A secret parameter is in the key, and so is every owned parameter.
+    let s = Service::default();
+    let base = key(activate_secret(&cx, &s, 7, "token-1", "x".to_owned()).await);
+    assert_eq!(base, key(activate_secret(&cx, &s, 7, "token-1", "x".to_owned()).await));
+    assert_ne!(base, key(activate_secret(&cx, &s, 7, "token-2", "x".to_owned()).await));
+    assert_ne!(base, key(activate_secret(&cx, &s, 7, "token-1", "y".to_owned()).await));
+
+    // The key is the engine's: derived from the action name and the payload
+    // tuple of the key-relevant parameters, in declaration order.
+    let expected = IdempotencyKey::derive(
+        "agent-1",
+        "activate",
+        &(&7u64,),
+        &verified_tools::KeyScope::DEFAULT,
+        cx.clock().unix_ms(),
+    )
+    .expect("serializable");
+    assert_eq!(with_a, expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn secret_parameters_never_reach_the_audit() {
+    let audit = Arc::new(MemoryAudit::new());
+    let cx = context().with_audit(audit.clone());
+    let svc = Service::with_faults(&[Fault::TimeoutAfterApply]);
+    let result = activate_secret(&cx, &svc, 7, "s3cr3t-t0ken", "vip".to_owned()).await;
+    assert!(result.is_success(), "{result:?}");
+    let events = audit.events();
+    assert!(events.len() >= 3);
+    assert!(events.iter().all(|e| e.tool == "activate_with_token"));
+    for event in &events {
+        assert!(!event.args.as_deref().unwrap_or("").contains("s3cr3t"), "{event:?}");
+    }
+    let planned = events.iter().find(|e| e.state == CallState::Planned).expect("a Planned event");
+    assert_eq!(
+        planned.args.as_deref(),
+        Some(r#"{"customer":7,"token":"<redacted>","label":"vip"}"#)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_response_confirms_an_ok() {
+    // verify_response = true: an Ok answer is confirmed by a verifier read.
+    let svc = Service::default();
+    let result = activate_secret(&context(), &svc, 7, "t", "l".to_owned()).await;
+    assert!(result.is_success());
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
+    // Without it, an Ok answer is believed.
+    let svc = Service::default();
+    let result = activate(&context(), &svc, 7).await;
+    assert!(matches!(result, ToolResult::Success { proof: Proof::Response, .. }));
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn low_and_none_tools_retry_without_a_verifier() {
+    // Low: the lost response is retried with the same key; the fake dedupes.
+    let svc = Service::with_faults(&[Fault::TimeoutAfterApply]);
+    let result = draft(&context(), &svc, 3).await;
+    assert!(
+        matches!(result, ToolResult::Success { value: 3, proof: Proof::Response, .. }),
+        "{result:?}"
+    );
+    let keys = svc.dispatch_keys();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(svc.effects(), 1, "the key deduplicated the retry");
+
+    // None: a definitive error is returned as is, without retry.
+    let result = count(&context(), &svc, 0).await;
+    assert!(matches!(result, ToolResult::Failed { error: SvcError::Invalid, .. }), "{result:?}");
+    let result = count(&context(), &svc, 1).await;
+    assert!(matches!(result, ToolResult::Success { value: 1, .. }), "{result:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn methods_call_the_verifier_with_self_and_read_errors_are_unknown() {
+    let crm = Crm {
+        svc: Service::with_faults(&[Fault::TimeoutAfterApply]),
+        fail_reads: AtomicU32::new(1),
+    };
+    // `send = true`: the future can be spawned.
+    let crm = Arc::new(crm);
+    let task = tokio::spawn({
+        let crm = crm.clone();
+        async move { crm.close_account(&context(), 11).await }
+    });
+    let result = task.await.expect("no panic");
+    assert!(
+        matches!(result, ToolResult::Success { value: 11, proof: Proof::Verifier, .. }),
+        "{result:?}"
+    );
+    assert_eq!(crm.svc.dispatch_keys().len(), 1);
+    assert_eq!(crm.fail_reads.load(Ordering::SeqCst), 0, "the failed read was retried");
+    assert_eq!(Crm::close_account_spec().side_effect, SideEffect::Irreversible);
+}
+
+#[test]
+fn the_descriptor_lists_the_tool() {
+    let spec = activate_secret_spec();
+    assert_eq!(spec.name, "activate_with_token");
+    assert_eq!(spec.description, "Same as `activate`, with a secret token and a label in the key.");
+    assert_eq!(spec.side_effect, SideEffect::High);
+    assert!(spec.has_verifier);
+    assert_eq!(spec.retries, None);
+    assert_eq!(spec.timeout, Some(Duration::from_secs(2)));
+    assert_eq!(spec.bucket, Some(Duration::from_secs(300)));
+    assert_eq!(spec.verify_response, Some(true));
+    let params: Vec<_> = spec.params.iter().map(|p| (p.name, p.ty, p.in_key, p.secret)).collect();
+    assert_eq!(
+        params,
+        [
+            ("svc", "&Service", false, false),
+            ("customer", "u64", true, false),
+            ("token", "&str", true, true),
+            ("label", "String", true, false),
+        ]
+    );
+
+    let spec = count_spec();
+    assert_eq!(
+        (spec.name, spec.side_effect, spec.has_verifier),
+        ("count", SideEffect::None, false)
+    );
+    assert_eq!(spec.retries, Some(2));
+    assert_eq!(spec.timeout, Some(Duration::from_secs(1)));
+    assert_eq!(spec.description, "A read: no key parameter, no verifier.");
+
+    // Descriptors are const: a registry can be a static.
+    static REGISTRY: [&verified_tools::ToolSpec; 3] = [activate_spec(), draft_spec(), count_spec()];
+    let names: Vec<_> = REGISTRY.iter().map(|s| s.name).collect();
+    assert_eq!(names, ["activate", "draft", "count"]);
+}

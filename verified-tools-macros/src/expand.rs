@@ -1,0 +1,329 @@
+//! Code generation for a checked [`Tool`]. Nothing here reports errors: the
+//! compiler's own errors are steered onto the user's tokens with
+//! `quote_spanned!` (the verifier path, a parameter's type, the return type,
+//! the fn name).
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::Ident;
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
+
+use crate::parse::{self, ToolFn};
+use crate::validate::Tool;
+
+/// The generated entry point, the descriptor fn and the checks.
+pub(crate) fn tool(tool: &Tool) -> TokenStream {
+    let item = &tool.func.item;
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let sig = &item.sig;
+    let ident = &sig.ident;
+    let generics = &sig.generics;
+    let where_clause = &generics.where_clause;
+    let (ok, err) = (&tool.ok, &tool.err);
+    let cx = context_ident();
+    let receiver = tool.func.receiver.as_ref().map(|r| quote!(#r,));
+    let params = entry_params(&tool.func);
+
+    let spec = spec(tool);
+    let spec_fn = descriptor_fn(&tool.func, &spec);
+
+    // The key-relevant parameters (not skipped, not the key), each borrowed
+    // once through the Serialize check spanned on its type.
+    let key_params: Vec<(&Ident, &syn::Type, bool)> = tool
+        .func
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| !p.is_key && !tool.skipped[*i])
+        .filter_map(|(i, p)| Some((p.ident.as_ref()?, &p.ty, tool.secret[i])))
+        .collect();
+    let key_vars: Vec<Ident> = key_params
+        .iter()
+        .map(|(name, _, _)| Ident::new(&format!("__vt_{}", name.unraw()), Span::mixed_site()))
+        .collect();
+    let key_check = if key_params.is_empty() {
+        TokenStream::new()
+    } else {
+        quote! {
+            trait __VtKeyParameter {
+                fn key_parameter_must_be_serialize_or_skipped(&self) -> &Self {
+                    self
+                }
+            }
+            impl<__VtT: ?::core::marker::Sized + ::verified_tools::__private::Serialize> __VtKeyParameter
+                for __VtT
+            {
+            }
+        }
+    };
+    let key_borrows = key_params.iter().zip(&key_vars).map(|((name, ty, _), var)| {
+        let span = parse::focus_span(ty);
+        let name = Ident::new(&name.to_string(), span);
+        quote_spanned! {span=>
+            let #var = #name.key_parameter_must_be_serialize_or_skipped();
+        }
+    });
+    let audit_fields: Vec<&Ident> = key_params.iter().map(|(name, _, _)| *name).collect();
+    let audit_types: Vec<Ident> =
+        (0..key_params.len()).map(|i| format_ident!("__VtA{}", i)).collect();
+    let audit_generics =
+        if audit_types.is_empty() { None } else { Some(quote!(<#(#audit_types),*>)) };
+    let audit_values = key_params
+        .iter()
+        .zip(&key_vars)
+        .map(|((_, _, secret), var)| if *secret { quote!("<redacted>") } else { quote!(#var) });
+
+    let dispatch = dispatch(tool);
+    let verify = match &tool.verify {
+        Some(path) => verifier(&tool.func, path, ok),
+        None => quote!(::verified_tools::engine::no_verifier()),
+    };
+    // The engine's bounds (`E: Classify`, `T: Clone + Send + Sync + 'static`)
+    // are reported on the error type of the user's signature.
+    let err_span = parse::focus_span(err);
+    let call = quote_spanned! {err_span=>
+        ::verified_tools::engine::call(
+            #cx,
+            __VT_SPEC,
+            &__vt_payload,
+            &__vt_args,
+            __vt_dispatch,
+            __vt_verify,
+        )
+    };
+    let await_call = quote_spanned!(err_span=> __vt_call.await);
+    let send_check = if tool.send { send_check(tool) } else { TokenStream::new() };
+
+    quote! {
+        #spec_fn
+
+        #(#attrs)*
+        #vis async fn #ident #generics (#receiver #cx: &::verified_tools::Context, #(#params),*)
+            -> ::verified_tools::ToolResult<#ok, #err>
+        #where_clause
+        {
+            const __VT_SPEC: &::verified_tools::ToolSpec = &#spec;
+            #key_check
+            #(#key_borrows)*
+            let __vt_payload = (#(#key_vars,)*);
+            #[derive(::verified_tools::__private::Serialize)]
+            #[serde(crate = "::verified_tools::__private::serde")]
+            struct __VtArgs #audit_generics {
+                #(#audit_fields: #audit_types,)*
+            }
+            let __vt_args = __VtArgs { #(#audit_fields: #audit_values,)* };
+            let __vt_dispatch = #dispatch;
+            let __vt_verify = #verify;
+            let __vt_call = #call;
+            #send_check
+            #await_call
+        }
+    }
+}
+
+/// The context parameter of the entry point. Mixed-site hygiene keeps it
+/// apart from a user parameter of the same name.
+pub(crate) fn context_ident() -> Ident {
+    Ident::new("cx", Span::mixed_site())
+}
+
+/// The entry point's parameters after the context: the user's, minus the
+/// `IdempotencyKey` one, each bound by plain name.
+pub(crate) fn entry_params(func: &ToolFn) -> Vec<TokenStream> {
+    func.params
+        .iter()
+        .filter(|p| !p.is_key)
+        .map(|p| {
+            let attrs = &p.attrs;
+            let ty = &p.ty;
+            match &p.ident {
+                Some(name) => quote!(#(#attrs)* #name: #ty),
+                None => {
+                    let pat = &p.pat;
+                    quote!(#(#attrs)* #pat: #ty)
+                }
+            }
+        })
+        .collect()
+}
+
+/// `name_spec`: the descriptor fn's name.
+pub(crate) fn spec_fn_ident(func: &ToolFn) -> Ident {
+    let ident = &func.item.sig.ident;
+    Ident::new(&format!("{}_spec", ident.unraw()), ident.span())
+}
+
+/// `pub const fn name_spec() -> &'static ToolSpec`.
+pub(crate) fn descriptor_fn(func: &ToolFn, spec: &TokenStream) -> TokenStream {
+    let vis = &func.item.vis;
+    let ident = &func.item.sig.ident;
+    let spec_fn = spec_fn_ident(func);
+    let doc = format!(
+        " The descriptor of the `{ident}` verified tool: its name, side-effect class, \
+         verifier, retry budget and parameters, for a tool registry or an LLM-facing listing."
+    );
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis const fn #spec_fn() -> &'static ::verified_tools::ToolSpec {
+            const SPEC: ::verified_tools::ToolSpec = #spec;
+            &SPEC
+        }
+    }
+}
+
+/// The `ToolSpec` constant expression.
+fn spec(tool: &Tool) -> TokenStream {
+    let name = &tool.name;
+    let variant = Ident::new(tool.class.variant(), Span::call_site());
+    let description = parse::doc_comment(&tool.func.item.attrs);
+    let description = (!description.is_empty()).then(|| quote!(.with_description(#description)));
+    let verifier = tool.verify.as_ref().map(|_| quote!(.with_verifier()));
+    let retries = tool.retries.map(|n| quote!(.with_retries(#n)));
+    let timeout =
+        tool.timeout_ms.map(|ms| quote!(.with_timeout(::core::time::Duration::from_millis(#ms))));
+    let bucket =
+        tool.bucket_ms.map(|ms| quote!(.with_bucket(::core::time::Duration::from_millis(#ms))));
+    let verify_response = tool.verify_response.map(|on| quote!(.with_verify_response(#on)));
+    let params = tool.func.params.iter().enumerate().filter(|(_, p)| !p.is_key).map(|(i, p)| {
+        let name = p.ident.as_ref().map(|i| i.unraw().to_string()).unwrap_or_default();
+        let ty = parse::type_string(&p.ty);
+        let skipped = tool.skipped[i].then(|| quote!(.skipped()));
+        let secret = tool.secret[i].then(|| quote!(.secret()));
+        quote!(::verified_tools::Param::new(#name, #ty) #skipped #secret)
+    });
+    quote! {
+        ::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::#variant)
+            #description #verifier #retries #timeout #bucket #verify_response
+            .with_params(&[#(#params),*])
+    }
+}
+
+/// The per-attempt closure: clones owned parameters, binds the key, runs the
+/// user's body in an `async move` block typed by the user's return type.
+fn dispatch(tool: &Tool) -> TokenStream {
+    let item = &tool.func.item;
+    let block = &item.block;
+    let ret = match &item.sig.output {
+        syn::ReturnType::Type(_, ty) => quote!(#ty),
+        syn::ReturnType::Default => quote!(()),
+    };
+    let rebinds = tool.func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+        let name = p.ident.as_ref()?;
+        let mutability = p.is_mut().then(|| quote!(mut));
+        if p.is_shared_ref() {
+            // A shared reference is copied: no allocation.
+            p.is_mut().then(|| quote!(let mut #name = #name;))
+        } else {
+            // Owned parameters are cloned per attempt (a no-op copy for
+            // `Copy` types), spanned on the type so a missing `Clone`
+            // lands there.
+            Some(quote_spanned! {parse::focus_span(&p.ty)=>
+                let #mutability #name = ::core::clone::Clone::clone(&#name);
+            })
+        }
+    });
+    let key = Ident::new("__vt_key", Span::mixed_site());
+    let key_binding = tool.func.params.iter().find(|p| p.is_key).map(|p| {
+        let pat = &p.pat;
+        let ty = &p.ty;
+        quote!(let #pat: #ty = #key;)
+    });
+    let key_arg = if key_binding.is_some() { quote!(#key) } else { quote!(_) };
+    quote! {
+        |#key_arg: ::verified_tools::IdempotencyKey| {
+            #(#rebinds)*
+            async move {
+                #key_binding
+                #[allow(
+                    unknown_lints,
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::needless_return
+                )]
+                if false {
+                    let __vt_type_of_body: #ret = loop {};
+                    return __vt_type_of_body;
+                }
+                #block
+            }
+        }
+    }
+}
+
+/// The verifier closure, its call spanned on the user's `verify = path` so a
+/// signature mismatch, or a verdict of the wrong type, is reported there.
+pub(crate) fn verifier(func: &ToolFn, path: &syn::Path, ok: &syn::Type) -> TokenStream {
+    let span = path.span();
+    let is_method = func.receiver.is_some();
+    let callee = if is_method && path.leading_colon.is_none() && path.segments.len() == 1 {
+        quote_spanned!(span=> Self::#path)
+    } else {
+        quote!(#path)
+    };
+    let receiver = is_method.then(|| quote_spanned!(span=> self,));
+    let args = func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+        let name = Ident::new(&p.ident.as_ref()?.to_string(), span);
+        Some(if p.is_shared_ref() {
+            quote_spanned!(span=> #name)
+        } else {
+            quote_spanned!(span=> &#name)
+        })
+    });
+    // Mixed-site hygiene, located at the path: errors on `__vt_read.await`
+    // point at the user's path.
+    let read = Ident::new("__vt_read", Span::mixed_site().located_at(span));
+    let call = quote_spanned!(span=> #callee(#receiver #(#args),*));
+    let ok = respan(quote!(#ok), span);
+    let seen = Ident::new("__vt_seen", span);
+    let verdict = quote_spanned!(span=> ::verified_tools::IntoVerdict::<#ok>::into_verdict(#seen));
+    quote! {
+        ::core::option::Option::Some(|| {
+            let #read = #call;
+            async move {
+                let #seen = #read.await;
+                #verdict
+            }
+        })
+    }
+}
+
+/// `send = true`: the engine's future and every parameter held across its
+/// await must be `Send`; reported on the fn name.
+fn send_check(tool: &Tool) -> TokenStream {
+    let span = tool.func.item.sig.ident.span();
+    let receiver =
+        tool.func.receiver.as_ref().map(|_| quote_spanned!(span=> __vt_assert_send(&self);));
+    let params = tool.func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+        let name = Ident::new(&p.ident.as_ref()?.to_string(), span);
+        Some(quote_spanned!(span=> __vt_assert_send(&#name);))
+    });
+    quote_spanned! {span=>
+        fn __vt_assert_send<__VtF: ?::core::marker::Sized + ::core::marker::Send>(_: &__VtF) {}
+        __vt_assert_send(&__vt_call);
+        #receiver
+        #(#params)*
+    }
+}
+
+/// The same tokens, all at `span` (so a compiler error on them points at one
+/// place of the user's code).
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                tt = proc_macro2::TokenTree::Group(group);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
+}

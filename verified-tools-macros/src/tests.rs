@@ -1,0 +1,126 @@
+//! Expansion snapshots: the generated code, pretty-printed with prettyplease
+//! and checked in under `src/snapshots/`, so that every change to the
+//! generated code is reviewed.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+/// Expands and pretty-prints; a method expansion is wrapped in an impl.
+fn expand(args: TokenStream, item: TokenStream, in_impl: bool) -> String {
+    let out = crate::run(args, item);
+    let file = if in_impl { quote!(impl Mailer { #out }) } else { out };
+    match syn::parse2::<syn::File>(file.clone()) {
+        Ok(file) => prettyplease::unparse(&file),
+        Err(e) => panic!("the expansion does not parse: {e}\n{file}"),
+    }
+}
+
+#[test]
+fn high_with_verifier_skip_and_key() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "high", verify = check_activated, skip(crm)),
+        quote! {
+            /// Sets the customer ACTIVE.
+            pub async fn activate_customer(crm: &Crm, customer_id: u64, key: IdempotencyKey)
+                -> Result<Customer, CrmError>
+            {
+                crm.activate(customer_id, key).await
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn low_without_verifier_all_options() {
+    insta::assert_snapshot!(expand(
+        quote!(
+            side_effect = "low",
+            retries = 3,
+            timeout = "250ms",
+            bucket = "5m",
+            name = "drafts.save",
+            secret(token),
+            send = true
+        ),
+        quote! {
+            async fn save_draft(token: &str, mut body: String) -> Result<u32, std::io::Error> {
+                body.push('!');
+                Ok(body.len() as u32 + token.len() as u32)
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn method_with_verifier_method() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "irreversible", verify = was_refunded, verify_response = true),
+        quote! {
+            pub async fn refund(&self, order: u64) -> Result<(), MailError> {
+                self.refund_order(order).await
+            }
+        },
+        true,
+    ));
+}
+
+#[test]
+fn none_without_parameters() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "none"),
+        quote! {
+            async fn ping() -> Result<(), ErrorClass> {
+                Ok(())
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn errors_come_with_a_stub_of_the_entry_point() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "hihg", skip(nope)),
+        quote! {
+            pub async fn send(to: &str, key: IdempotencyKey) -> Result<(), MailError> {
+                Ok(())
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn a_broken_signature_keeps_the_function_as_written() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "low"),
+        quote! {
+            fn send(to: &str) -> Option<()> {
+                None
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn durations_and_suggestions() {
+    let cx = crate::ctxt::Ctxt::default();
+    let args = crate::parse::args(quote!(side_effect = "low", timeout = "90s", bucket = "2h"), &cx);
+    assert!(cx.finish().is_ok());
+    assert_eq!(args.timeout.map(|d| d.millis), Some(90_000));
+    assert_eq!(args.bucket.map(|d| d.millis), Some(7_200_000));
+    assert_eq!(crate::parse::suggest("hihg", crate::parse::CLASSES), Some("high"));
+    assert_eq!(crate::parse::suggest("retry", crate::parse::ARGUMENTS), Some("retries"));
+    assert_eq!(crate::parse::suggest("zzz", crate::parse::ARGUMENTS), None);
+}
+
+#[test]
+fn type_strings_are_compact() {
+    let ty: syn::Type = syn::parse_quote!(&'a std::collections::HashMap<String, Vec<u8>>);
+    assert_eq!(crate::parse::type_string(&ty), "&'a std::collections::HashMap<String, Vec<u8>>");
+    let ty: syn::Type = syn::parse_quote!(&mut dyn Fn(u8) -> u8);
+    assert_eq!(crate::parse::type_string(&ty), "&mut dyn Fn(u8) -> u8");
+}

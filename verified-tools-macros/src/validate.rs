@@ -1,0 +1,250 @@
+//! Validation: the rules a verified tool must follow, each reported once,
+//! spanned on the token at fault, saying what to write instead.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
+use syn::{LitStr, ReceiverKind, Type};
+
+use crate::ctxt::Ctxt;
+use crate::parse::{self, Args, Class, NameList, ToolFn};
+
+/// A checked tool: everything the expansion needs.
+pub(crate) struct Tool {
+    pub func: ToolFn,
+    pub class: Class,
+    /// Action name in keys, audit and the descriptor.
+    pub name: String,
+    pub verify: Option<syn::Path>,
+    pub retries: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub bucket_ms: Option<u64>,
+    pub verify_response: Option<bool>,
+    pub send: bool,
+    /// Per parameter of `func.params`: left out of the key and the audit.
+    pub skipped: Vec<bool>,
+    /// Per parameter of `func.params`: redacted in the audit.
+    pub secret: Vec<bool>,
+    /// `(T, E)` of the `Result<T, E>` return type.
+    pub ok: Type,
+    pub err: Type,
+}
+
+/// Checks the arguments against each other and against the function.
+/// Returns the tool only when no error was recorded, else the function back
+/// for the fallback.
+pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<ToolFn>> {
+    let class = match &args.side_effect {
+        Some(arg) => Some(arg.class),
+        // Written with a bad value: already reported.
+        None if args.side_effect_given => None,
+        None => {
+            cx.error(
+                Span::call_site(),
+                "missing `side_effect`: write `#[verified_tool(side_effect = \"high\", verify = check)]`; \
+                 the classes are \"none\", \"low\", \"high\", \"irreversible\"",
+            );
+            None
+        }
+    };
+    if let (Some(arg), None) = (&args.side_effect, &args.verify)
+        && arg.class.requires_verifier()
+    {
+        cx.error(
+            arg.lit.span(),
+            format!(
+                "a \"{}\" tool must declare a postcondition verifier: add `verify = check_fn`, \
+                 an async fn that takes the tool's parameters by shared reference and returns \
+                 `Verdict<T>`; if a duplicate effect is harmless, declare `side_effect = \"low\"`",
+                arg.lit.value()
+            ),
+        );
+    }
+    if let (Some(lit), None) = (&args.verify_response, &args.verify) {
+        cx.error(
+            lit.span,
+            "`verify_response` needs a verifier to confirm responses with: add `verify = check_fn` \
+             or remove `verify_response`",
+        );
+    }
+    signature(&func, cx);
+    let skipped = names(&func, args.skip.as_ref(), "skip", cx);
+    let secret = names(&func, args.secret.as_ref(), "secret", cx);
+    if let Some(list) = &args.secret {
+        for name in &list.names {
+            let both =
+                func.params.iter().zip(&skipped).any(|(p, s)| *s && p.ident.as_ref() == Some(name));
+            if both {
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`{name}` is skipped, and skipped parameters are never written to the audit: \
+                         remove it from `secret(..)`"
+                    ),
+                );
+            }
+        }
+    }
+    let result = func.result.clone();
+    match (class, result) {
+        (Some(class), Some((ok, err))) if !cx.has_errors() => Ok(Tool {
+            name: args
+                .name
+                .as_ref()
+                .map_or_else(|| func.item.sig.ident.unraw().to_string(), LitStr::value),
+            func,
+            class,
+            verify: args.verify,
+            retries: args.retries,
+            timeout_ms: args.timeout.map(|d| d.millis),
+            bucket_ms: args.bucket.map(|d| d.millis),
+            verify_response: args.verify_response.map(|l| l.value),
+            send: args.send.is_some_and(|l| l.value),
+            skipped,
+            secret,
+            ok,
+            err,
+        }),
+        _ => Err(Box::new(func)),
+    }
+}
+
+/// Whether the signature allows a stub of the entry point.
+pub(crate) fn signature_ok(func: &ToolFn) -> bool {
+    let cx = Ctxt::default();
+    signature(func, &cx);
+    !cx.has_errors()
+}
+
+/// The rules on the function itself.
+fn signature(func: &ToolFn, cx: &Ctxt) {
+    let sig = &func.item.sig;
+    if let Some(constness) = &sig.constness {
+        cx.error(constness.span, "a verified tool cannot be a `const fn`: remove `const`");
+    }
+    if sig.asyncness.is_none() {
+        cx.error(
+            sig.fn_token.span,
+            format!(
+                "#[verified_tool] needs an `async fn`: write `async fn {}(..)`; the wrapper awaits \
+                 the body once per attempt",
+                sig.ident
+            ),
+        );
+    }
+    if let syn::Safety::Unsafe(token) = &sig.safety {
+        cx.error(token.span, "a verified tool cannot be an `unsafe fn`: remove `unsafe` and use an unsafe block inside");
+    }
+    if let Some(abi) = &sig.abi {
+        cx.error_spanned(abi, "a verified tool cannot have an `extern` ABI: remove it");
+    }
+    if let Some(variadic) = &sig.variadic {
+        cx.error_spanned(variadic, "a verified tool cannot be variadic");
+    }
+    if func.result.is_none() {
+        let message = match &sig.output {
+            syn::ReturnType::Default => format!(
+                "a verified tool returns `Result<T, E>` where `E: Classify`: write `-> Result<T, E>` \
+                 after the parameters of `{}`",
+                sig.ident
+            ),
+            syn::ReturnType::Type(_, ty) => format!(
+                "a verified tool returns `Result<T, E>` where `E: Classify`, found `{}`; write the \
+                 `Result<T, E>` out in full (an alias such as `io::Result<T>` hides the error type \
+                 the wrapper classifies)",
+                parse::type_string(ty)
+            ),
+        };
+        match &sig.output {
+            syn::ReturnType::Type(_, ty) => cx.error_spanned(ty, message),
+            syn::ReturnType::Default => cx.error(sig.ident.span(), message),
+        }
+    }
+    if let Some(receiver) = &func.receiver {
+        let ok = matches!(receiver.kind, ReceiverKind::Reference(_, _, None))
+            && receiver.mutability.is_none();
+        if !ok {
+            cx.error_spanned(
+                receiver,
+                "a verified tool method takes `&self`: every attempt and every verifier read \
+                 borrows the receiver; keep mutable state behind a `Mutex` or an atomic",
+            );
+        }
+    }
+    let mut key: Option<Span> = None;
+    for param in &func.params {
+        if param.is_key {
+            if key.is_some() {
+                cx.error_spanned(
+                    &param.ty,
+                    "a second `IdempotencyKey` parameter: the wrapper derives one key per call and \
+                     passes it to the single `IdempotencyKey` parameter; remove this one",
+                );
+            }
+            key = Some(param.ty.span());
+            continue;
+        }
+        if param.ident.is_none() {
+            cx.error_spanned(
+                &param.pat,
+                "a verified tool's parameters are plain names (they are the tool's argument names): \
+                 write `name: Type` and destructure inside the body",
+            );
+        }
+        if let Some(span) = param.mut_ref() {
+            cx.error(
+                span,
+                "a `&mut` parameter cannot be lent to every attempt and to the verifier: take `&T` \
+                 (with a `Mutex` or `RefCell` inside for the state the body changes)",
+            );
+        }
+    }
+}
+
+/// Resolves `skip(..)` or `secret(..)` to one flag per parameter.
+fn names(func: &ToolFn, list: Option<&NameList>, what: &str, cx: &Ctxt) -> Vec<bool> {
+    let mut flags = vec![false; func.params.len()];
+    let Some(list) = list else { return flags };
+    let known: Vec<String> = func
+        .params
+        .iter()
+        .filter(|p| !p.is_key)
+        .filter_map(|p| p.ident.as_ref().map(ToString::to_string))
+        .collect();
+    for (i, name) in list.names.iter().enumerate() {
+        if list.names[..i].contains(name) {
+            cx.error(name.span(), format!("`{name}` is listed twice in `{what}(..)`: remove one"));
+            continue;
+        }
+        match func.params.iter().position(|p| p.ident.as_ref() == Some(name)) {
+            Some(index) if func.params[index].is_key => cx.error(
+                name.span(),
+                format!(
+                    "`{name}` is the `IdempotencyKey` parameter: it receives the derived key and is \
+                     never part of the key or the audit; remove it from `{what}(..)`"
+                ),
+            ),
+            Some(index) => flags[index] = true,
+            None => {
+                let written = name.to_string();
+                let candidates: Vec<&str> = known.iter().map(String::as_str).collect();
+                let hint = parse::suggest(&written, &candidates)
+                    .map(|s| format!("did you mean `{s}`? "))
+                    .unwrap_or_default();
+                let params = if candidates.is_empty() {
+                    "it has none".to_owned()
+                } else {
+                    format!("its parameters are: {}", parse::list(&candidates))
+                };
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`{what}` names `{written}`, which is not a parameter of `{}`; {hint}{params}",
+                        func.item.sig.ident
+                    ),
+                );
+            }
+        }
+    }
+    flags
+}
