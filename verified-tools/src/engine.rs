@@ -29,7 +29,6 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::audit::{AuditEvent, CallState};
 use crate::escalation::Ticket;
-use crate::key::payload_digest;
 use crate::ledger::{Begin, Finish, Ledger};
 use crate::{
     CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Mode, Proof,
@@ -113,7 +112,7 @@ where
 /// Where the state machine goes next.
 enum Phase<T, E> {
     Dispatch,
-    Verify { cause: Cause<E>, response: Option<T> },
+    Verify { cause: Cause<E> },
     Done(ToolResult<T, E>),
 }
 
@@ -148,7 +147,7 @@ impl<D, V> Call<'_, D, V> {
         loop {
             phase = match phase {
                 Phase::Dispatch => self.dispatch().await,
-                Phase::Verify { cause, response } => self.verify(cause, response).await,
+                Phase::Verify { cause } => self.verify(cause).await,
                 Phase::Done(result) => return result,
             };
         }
@@ -162,15 +161,15 @@ impl<D, V> Call<'_, D, V> {
     {
         let cx = self.cx;
         let tool = self.spec.name;
-        let digest = payload_digest(payload)
-            .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
         let mut bucket = KeyScope::DEFAULT;
         let scope = cx.scope_for(self.spec, &mut bucket);
         let now = match scope {
             KeyScope::TimeBucket(_) => cx.clock().unix_ms(),
             _ => 0,
         };
-        let key = IdempotencyKey::from_digest(cx.agent(), tool, digest, scope, now);
+        let (key, digest) =
+            IdempotencyKey::derive_with_fingerprint(cx.agent(), tool, payload, scope, now)
+                .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
         self.key = Some(key);
         self.audit(CallState::Planned, None, None, None);
 
@@ -193,7 +192,7 @@ impl<D, V> Call<'_, D, V> {
                     // The earlier call may have applied the effect: look first.
                     self.claim = Some(Claim { ledger, key, dispatched: true });
                     return Ok(match self.verify {
-                        Some(_) => Phase::Verify { cause: Cause::Interrupted, response: None },
+                        Some(_) => Phase::Verify { cause: Cause::Interrupted },
                         None => Phase::Dispatch,
                     });
                 }
@@ -244,7 +243,7 @@ impl<D, V> Call<'_, D, V> {
             Ok(Ok(value)) => {
                 let confirm = self.policy.verify_response && self.verify.is_some();
                 return if confirm && self.cx.mode() != Mode::RetryOnly {
-                    Phase::Verify { cause: Cause::Unconfirmed, response: Some(value) }
+                    Phase::Verify { cause: Cause::Unconfirmed }
                 } else {
                     Phase::Done(ToolResult::Success { value, proof: Proof::Response, key })
                 };
@@ -278,7 +277,7 @@ impl<D, V> Call<'_, D, V> {
         let verifies = self.verify.is_some() && self.cx.mode() != Mode::RetryOnly;
         if verifies {
             sleep(wait).await;
-            Phase::Verify { cause, response: None }
+            Phase::Verify { cause }
         } else if self.attempts <= self.policy.retries {
             // Retry-only mode, or a tool without a verifier (none/low classes):
             // the key is all that guards against duplicates.
@@ -291,7 +290,7 @@ impl<D, V> Call<'_, D, V> {
 
     /// Reads the verifier until it gives a believable answer or the read
     /// budget runs out.
-    async fn verify<T, E, VF>(&mut self, cause: Cause<E>, response: Option<T>) -> Phase<T, E>
+    async fn verify<T, E, VF>(&mut self, cause: Cause<E>) -> Phase<T, E>
     where
         V: FnMut() -> VF,
         VF: Future<Output = Verdict<T>>,
@@ -318,18 +317,20 @@ impl<D, V> Call<'_, D, V> {
                 Verdict::Unknown => absent = 0,
             }
         }
-        match response {
-            // The tool said Ok and the verifier could not contradict it.
-            Some(value) => Phase::Done(ToolResult::Success { value, proof: Proof::Response, key }),
-            None => self.unresolved(UnknownReason::VerifierInconclusive, Verdict::Unknown, cause),
-        }
+        self.unresolved(UnknownReason::VerifierInconclusive, Verdict::Unknown, cause)
     }
 
     /// The verifier confirmed the effect absent: retry if the mode and the
     /// budget allow, else report it.
     fn absent<T, E>(&mut self, cause: Cause<E>) -> Phase<T, E> {
-        let retry =
-            self.cx.mode() == Mode::VerifyBeforeRetry && self.attempts <= self.policy.retries;
+        // After an OK answer the server has recorded the key: a retry with the
+        // same key would replay the incomplete answer (or, on a server that
+        // ignores keys, apply the effect again). Completing it is a new
+        // logical call, the caller's decision.
+        let replayable = !matches!(cause, Cause::Unconfirmed);
+        let retry = self.cx.mode() == Mode::VerifyBeforeRetry
+            && replayable
+            && self.attempts <= self.policy.retries;
         if retry {
             Phase::Dispatch
         } else if self.spec.side_effect == SideEffect::Irreversible {

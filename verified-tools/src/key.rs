@@ -8,26 +8,31 @@
 //!
 //! # Format (version 1)
 //!
-//! The payload (the tool's key-relevant arguments) is streamed through
-//! [`payload_digest`], a `serde::Serializer` that writes a self-delimiting,
-//! type-tagged, little-endian encoding straight into an xxh3-128 hasher; see
-//! the [`payload`] module for the encoding. The key is then
+//! The key is xxh3-128 of one byte string, written in a single streaming pass
+//! (no intermediate buffer beyond a 256-byte stack window):
 //!
 //! ```text
-//! xxh3_128( "vtk1" ‖ str(agent) ‖ str(action) ‖ digest(payload) as u128 LE ‖ scope )
+//! key     = xxh3_128( "vtk1" ‖ str(agent) ‖ str(action) ‖ scope ‖ encoding(payload) )
 //! str(s)  = len(s) as u64 LE ‖ bytes of s
 //! scope   = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE     (time bucket)
 //!         | 0x01 ‖ str(run) ‖ step as u64 LE                                 (durable identity)
 //! ```
+//!
+//! `encoding(payload)` is the self-delimiting, type-tagged, little-endian
+//! encoding of the key-relevant arguments that the [`payload`] module
+//! documents, produced by a `serde::Serializer` that streams into the hasher.
+//! An explicit key ([`KeyScope::Explicit`]) is used as given.
 
 pub mod payload;
+mod sink;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Serialize;
-use xxhash_rust::xxh3::Xxh3Default;
+
+use sink::Sink;
 
 pub use payload::{KeyError, PayloadDigest, payload_digest};
 
@@ -70,41 +75,41 @@ impl IdempotencyKey {
         scope: &KeyScope,
         unix_ms: u64,
     ) -> Result<Self, KeyError> {
-        let digest = payload_digest(payload)?;
-        Ok(Self::from_digest(agent, action, digest, scope, unix_ms))
+        Self::derive_with_fingerprint(agent, action, payload, scope, unix_ms).map(|(key, _)| key)
     }
 
-    /// Derives the key from an already computed payload digest.
+    /// The key and the payload fingerprint the ledger keeps with it.
     ///
-    /// For a [`KeyScope::Explicit`] scope this returns the explicit key as is.
-    pub fn from_digest(
+    /// A derived key already commits to the payload, so it is its own
+    /// fingerprint; an explicit key does not, so its payload is hashed.
+    pub(crate) fn derive_with_fingerprint<P: Serialize + ?Sized>(
         agent: &str,
         action: &str,
-        digest: PayloadDigest,
+        payload: &P,
         scope: &KeyScope,
         unix_ms: u64,
-    ) -> Self {
-        let mut h = Xxh3Default::new();
-        h.update(b"vtk1");
-        write_str(&mut h, agent);
-        write_str(&mut h, action);
-        h.update(&digest.as_u128().to_le_bytes());
+    ) -> Result<(Self, PayloadDigest), KeyError> {
+        let mut sink = Sink::new();
+        sink.update(b"vtk1");
+        write_str(&mut sink, agent);
+        write_str(&mut sink, action);
         match scope {
             KeyScope::TimeBucket(width) => {
                 // A zero width would divide by zero; treat it as 1 ms buckets.
                 let width_ms = (width.as_millis() as u64).max(1);
-                h.update(&[0x00]);
-                h.update(&width_ms.to_le_bytes());
-                h.update(&(unix_ms / width_ms).to_le_bytes());
+                sink.update(&[0x00]);
+                sink.update(&width_ms.to_le_bytes());
+                sink.update(&(unix_ms / width_ms).to_le_bytes());
             }
             KeyScope::Durable { run, step } => {
-                h.update(&[0x01]);
-                write_str(&mut h, run);
-                h.update(&step.to_le_bytes());
+                sink.update(&[0x01]);
+                write_str(&mut sink, run);
+                sink.update(&step.to_le_bytes());
             }
-            KeyScope::Explicit(key) => return *key,
+            KeyScope::Explicit(key) => return Ok((*key, payload_digest(payload)?)),
         }
-        Self(h.digest128())
+        let key = payload::encode_into(sink, payload)?.digest128();
+        Ok((Self(key), PayloadDigest::from_u128(key)))
     }
 
     /// The key as 32 lowercase hex digits, without allocating.
@@ -119,7 +124,7 @@ impl IdempotencyKey {
     }
 }
 
-fn write_str(h: &mut Xxh3Default, s: &str) {
+fn write_str(h: &mut Sink, s: &str) {
     h.update(&(s.len() as u64).to_le_bytes());
     h.update(s.as_bytes());
 }

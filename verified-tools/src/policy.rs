@@ -48,7 +48,9 @@ pub struct RetryPolicy {
     /// Verifier reads allowed for delayed visibility.
     pub verify: VerifyBudget,
     /// Verify even after the tool answered `Ok`, to catch partial success that
-    /// answers OK. Costs one verifier read on the success path.
+    /// answers OK: the call then succeeds only on `Holds`, and ends
+    /// `NotApplied` (or `Unknown`) with [`Cause::Unconfirmed`](crate::Cause::Unconfirmed)
+    /// otherwise. Costs at least one verifier read on the success path.
     pub verify_response: bool,
 }
 

@@ -25,8 +25,12 @@ pub enum Cause<E> {
     Error(E),
     /// An attempt (or a verifier read) ran past the per-attempt timeout.
     TimedOut(Duration),
-    /// The tool answered `Ok`, but the verifier did not find the postcondition
-    /// (a partial success that answered OK).
+    /// The tool answered `Ok`, but the verifier (asked to confirm responses,
+    /// see [`RetryPolicy::verify_response`](crate::RetryPolicy::verify_response))
+    /// found the postcondition missing or could not see it: a partial success
+    /// that answered OK, or a replica that stayed stale. Never retried under
+    /// the same key, which the server would answer as before: completing it is
+    /// a new logical call.
     Unconfirmed,
     /// An earlier call with this key ended in doubt or was cancelled; this
     /// call checked the state before acting.

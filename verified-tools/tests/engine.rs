@@ -223,9 +223,21 @@ async fn irreversible_doubt_is_escalated_with_a_ticket() {
 async fn partial_success_that_answers_ok_is_caught_when_responses_are_verified() {
     let fake = Fake::new(&[Attempt::PartialOk, Attempt::Ok], &[]);
     let r = run(&cx(), &CONFIRM, &fake).await;
-    assert!(r.is_success(), "{r:?}");
-    assert_eq!(fake.dispatches().len(), 2);
-    assert!(fake.holds());
+    // Not a success, and not retried under the same key (the server would
+    // replay its OK): completing it is a new logical call.
+    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Unconfirmed, .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+    assert!(!fake.holds());
+
+    // An OK the verifier cannot see within its budget is not a success either.
+    let fake = Fake::new(&[Attempt::Ok], &[Read::Unknown; 3]);
+    let r = run(&cx(), &CONFIRM, &fake).await;
+    assert!(matches!(r, ToolResult::Unknown { cause: Cause::Unconfirmed, .. }), "{r:?}");
+
+    // A confirmed OK is proven by the verifier.
+    let fake = Fake::new(&[Attempt::Ok], &[]);
+    let r = run(&cx(), &CONFIRM, &fake).await;
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
 
     // Without confirmation the partial OK is taken at its word.
     let fake = Fake::new(&[Attempt::PartialOk], &[]);

@@ -28,12 +28,12 @@ fn string(out: &mut Vec<u8>, s: &str) {
     str_(out, s);
 }
 
-fn key_bytes(agent: &str, action: &str, digest: u128, scope: &[u8]) -> Vec<u8> {
+fn key_bytes(agent: &str, action: &str, scope: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut out = b"vtk1".to_vec();
     str_(&mut out, agent);
     str_(&mut out, action);
-    out.extend_from_slice(&digest.to_le_bytes());
     out.extend_from_slice(scope);
+    out.extend_from_slice(payload);
     out
 }
 
@@ -92,12 +92,16 @@ fn map_is_the_sum_of_its_entry_digests() {
 
 #[test]
 fn key_matches_the_documented_framing() {
-    let digest = payload_digest(&(42u64,)).unwrap();
+    // encoding((42u64,)) = seq start, int 42, seq end.
+    let mut payload = vec![0x0E];
+    int(&mut payload, 42);
+    payload.push(0xFF);
+
     let scope = KeyScope::durable("run-1", 3);
     let mut scope_bytes = vec![0x01];
     str_(&mut scope_bytes, "run-1");
     scope_bytes.extend_from_slice(&3u64.to_le_bytes());
-    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", digest.as_u128(), &scope_bytes));
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &payload));
     let key = IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &scope, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
 
@@ -105,10 +109,19 @@ fn key_matches_the_documented_framing() {
     let mut bucket_bytes = vec![0x00];
     bucket_bytes.extend_from_slice(&300_000u64.to_le_bytes());
     bucket_bytes.extend_from_slice(&(1_700_000_123_456u64 / 300_000).to_le_bytes());
-    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", digest.as_u128(), &bucket_bytes));
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &bucket_bytes, &payload));
     let key =
         IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &bucket, 1_700_000_123_456)
             .unwrap();
+    assert_eq!(key.as_u128(), expected);
+
+    // A payload longer than the hasher's stack window takes the streaming path.
+    let long = "x".repeat(1000);
+    let mut long_payload = vec![0x0E];
+    string(&mut long_payload, &long);
+    long_payload.push(0xFF);
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &long_payload));
+    let key = IdempotencyKey::derive("agent-a", "send_welcome", &(&long,), &scope, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
 }
 
@@ -149,11 +162,11 @@ fn golden_vectors() {
 }
 
 const GOLDEN: [&str; 5] = [
-    "87b38ea538e486e0cab053b87557c307",
-    "6768f9bc14623224fc63c399a226b954",
-    "8b1760bd259a401c0184e3d21ef02fa7",
-    "27c549a90ad43363359bcf6009a838ba",
-    "a3f5af0365f5b2a330750da3502161ed",
+    "ad2098a5b21578aca3491116db125fcc",
+    "ea824c898158b8c5ea89578b73076098",
+    "dd83d9dfcf85fa68e9526ba5ff4821f5",
+    "f83d21ca1aae2de3e977c0a24a4a9bc7",
+    "31a9ca8312255b41047a1ab47b676916",
 ];
 
 #[test]

@@ -36,7 +36,8 @@
 
 use serde::Serialize;
 use serde::ser;
-use xxhash_rust::xxh3::Xxh3Default;
+
+use super::sink::Sink;
 
 const BOOL: u8 = 0x01;
 const INT: u8 = 0x02;
@@ -70,6 +71,10 @@ impl PayloadDigest {
     pub const fn as_u128(self) -> u128 {
         self.0
     }
+
+    pub(crate) const fn from_u128(value: u128) -> Self {
+        Self(value)
+    }
 }
 
 /// A payload could not be encoded for its idempotency key.
@@ -99,12 +104,22 @@ impl ser::Error for KeyError {
 /// # Ok::<(), verified_tools::KeyError>(())
 /// ```
 pub fn payload_digest<P: Serialize + ?Sized>(payload: &P) -> Result<PayloadDigest, KeyError> {
-    let mut h = PayloadHasher(Xxh3Default::new());
+    let mut h = PayloadHasher(Sink::new());
     payload.serialize(&mut h)?;
     Ok(PayloadDigest(h.0.digest128()))
 }
 
-struct PayloadHasher(Xxh3Default);
+/// Appends the encoding of `payload` to `sink`.
+pub(crate) fn encode_into<P: Serialize + ?Sized>(
+    sink: Sink,
+    payload: &P,
+) -> Result<Sink, KeyError> {
+    let mut h = PayloadHasher(sink);
+    payload.serialize(&mut h)?;
+    Ok(h.0)
+}
+
+struct PayloadHasher(Sink);
 
 impl PayloadHasher {
     #[inline]
@@ -366,7 +381,7 @@ impl ser::SerializeMap for MapHasher<'_> {
     type Error = KeyError;
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), KeyError> {
-        let entry = self.entry.insert(PayloadHasher(Xxh3Default::new()));
+        let entry = self.entry.insert(PayloadHasher(Sink::new()));
         key.serialize(entry)
     }
 

@@ -1,0 +1,277 @@
+//! The experiment's outputs: the paper-style table, the JSON cells and the
+//! paper's Figure 2 as SVG.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde_json::{Value, json};
+use verified_tools::sim::stats::{Interval, cohens_h, wilson95};
+
+use crate::experiment::{Cell, Results};
+
+/// The proportions of one cell, with their intervals and effect sizes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    /// Task success rate.
+    pub success: f64,
+    /// Its 95% Wilson interval.
+    pub success_ci: Interval,
+    /// Duplicate-action rate.
+    pub duplicates: f64,
+    /// Its 95% Wilson interval.
+    pub duplicates_ci: Interval,
+    /// False-success rate (claimed, not true), over all episodes.
+    pub false_success: f64,
+    /// Cohen's h of the success rate against the baseline cell.
+    pub h_success: Option<f64>,
+    /// Cohen's h of the duplicate rate against the baseline cell.
+    pub h_duplicates: Option<f64>,
+}
+
+impl Rates {
+    /// The rates of `cell`, compared with its baseline in `results`.
+    pub fn of(results: &Results, cell: &Cell) -> Self {
+        let s = &cell.stats;
+        let rate = |k| s.per_episode(k);
+        let base = results.baseline(cell).map(|b| b.stats);
+        let base_rate = |k: u64| base.map(|b| b.per_episode(k));
+        let (success, duplicates) = (rate(s.successes), rate(s.duplicates));
+        Rates {
+            success,
+            success_ci: wilson95(s.successes, s.episodes),
+            duplicates,
+            duplicates_ci: wilson95(s.duplicates, s.episodes),
+            false_success: rate(s.false_successes),
+            h_success: base.and_then(|b| base_rate(b.successes)).map(|p| cohens_h(success, p)),
+            h_duplicates: base
+                .and_then(|b| base_rate(b.duplicates))
+                .map(|p| cohens_h(duplicates, p)),
+        }
+    }
+}
+
+fn pct(p: f64) -> String {
+    format!("{:.1}", 100.0 * p)
+}
+
+fn ci(i: Interval) -> String {
+    format!("[{:>5}, {:>5}]", pct(i.lo), pct(i.hi))
+}
+
+fn h(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".to_owned(), |x| format!("{x:+.2}"))
+}
+
+/// The paper-style table: one line per cell.
+pub fn table(results: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<17} {:<7} {:<19} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8}",
+        "task",
+        "level",
+        "method",
+        "succ%",
+        "95% CI",
+        "dup%",
+        "95% CI",
+        "h(s)",
+        "h(d)",
+        "false%",
+        "calls",
+        "verif",
+        "latency",
+    );
+    let mut last = None;
+    for cell in &results.cells {
+        if last.is_some_and(|l| l != (cell.task, cell.level)) {
+            out.push('\n');
+        }
+        last = Some((cell.task, cell.level));
+        let r = Rates::of(results, cell);
+        let s = &cell.stats;
+        let _ = writeln!(
+            out,
+            "{:<17} {:<7} {:<19} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6.2} {:>6.2} {:>7.2}s",
+            cell.task.name(),
+            cell.level.name(),
+            cell.method.name(),
+            pct(r.success),
+            ci(r.success_ci),
+            pct(r.duplicates),
+            ci(r.duplicates_ci),
+            h(r.h_success),
+            h(r.h_duplicates),
+            pct(r.false_success),
+            s.per_episode(s.tool_calls),
+            s.per_episode(s.verifier_calls),
+            s.per_episode(s.virtual_ms) / 1000.0,
+        );
+    }
+    let c = &results.config;
+    let _ = writeln!(
+        out,
+        "\n{} episodes per cell, seeds {}..={}. succ: postcondition holds on the ground truth; \
+         dup: some effect applied more than once;\nfalse: the agent reported success and the \
+         truth disagrees; h: Cohen's h against retry_only; calls, verif, latency: per episode \
+         (virtual time).",
+        c.episodes,
+        c.seed,
+        c.seed + c.episodes.saturating_sub(1),
+    );
+    out
+}
+
+/// The JSON document: `{"config": {..}, "cells": [{"task", "level",
+/// "method", "episodes", "successes", "duplicates", "false_successes", ..}]}`.
+/// The counts' field names are stable.
+pub fn json(results: &Results) -> Value {
+    let pair = |i: Interval| json!([i.lo, i.hi]);
+    let cells: Vec<Value> = results
+        .cells
+        .iter()
+        .map(|cell| {
+            let s = &cell.stats;
+            let r = Rates::of(results, cell);
+            json!({
+                "task": cell.task.name(),
+                "level": cell.level.name(),
+                "method": cell.method.name(),
+                "episodes": s.episodes,
+                "successes": s.successes,
+                "duplicates": s.duplicates,
+                "false_successes": s.false_successes,
+                "claimed_successes": s.claimed,
+                "tool_calls": s.tool_calls,
+                "verifier_calls": s.verifier_calls,
+                "virtual_ms": s.virtual_ms,
+                "success_rate": r.success,
+                "success_ci95": pair(r.success_ci),
+                "duplicate_rate": r.duplicates,
+                "duplicate_ci95": pair(r.duplicates_ci),
+                "false_success_rate": r.false_success,
+                "cohens_h_success": r.h_success,
+                "cohens_h_duplicates": r.h_duplicates,
+                "tool_calls_per_episode": s.per_episode(s.tool_calls),
+                "verifier_calls_per_episode": s.per_episode(s.verifier_calls),
+                "virtual_ms_per_episode": s.per_episode(s.virtual_ms),
+            })
+        })
+        .collect();
+    let c = &results.config;
+    let name = |x: &dyn ToString| x.to_string();
+    json!({
+        "config": {
+            "episodes": c.episodes,
+            "seed": c.seed,
+            "tasks": c.tasks.iter().map(|t| name(t)).collect::<Vec<_>>(),
+            "levels": c.levels.iter().map(|l| name(l)).collect::<Vec<_>>(),
+            "methods": c.methods.iter().map(|m| name(m)).collect::<Vec<_>>(),
+        },
+        "cells": cells,
+    })
+}
+
+/// One colour per method, in [`Method::ALL`](crate::experiment::Method::ALL) order.
+const COLOURS: [RGBColor; 5] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(31, 119, 180),
+];
+
+/// Draws Figure 2: per task, success and duplicate rates (with their 95%
+/// intervals) per level and method.
+pub fn svg(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let c = &results.config;
+    let rows = c.tasks.len().max(1) as u32;
+    let root = SVGBackend::new(path, (1200, 380 * rows)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((rows as usize, 2));
+    for (i, panel) in panels.iter().enumerate() {
+        let task = c.tasks[i / 2];
+        let duplicates = i % 2 == 1;
+        let metric = if duplicates { "duplicate-action rate (%)" } else { "task success (%)" };
+        draw_panel(results, panel, task, duplicates, &format!("{task}: {metric}"))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn draw_panel(
+    results: &Results,
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    task: verified_tools::sim::TaskKind,
+    duplicates: bool,
+    title: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let c = &results.config;
+    let levels = c.levels.len() as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(40)
+        .build_cartesian_2d(0.0..levels, 0.0..100.0)?;
+    let level_at = |x: &f64| {
+        let i = x.floor() as usize;
+        let centred = (x - x.floor() - 0.5).abs() < 1e-6;
+        c.levels.get(i).filter(|_| centred).map_or_else(String::new, |l| l.to_string())
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(2 * c.levels.len() + 1)
+        .x_label_formatter(&level_at)
+        .y_desc("%")
+        .draw()?;
+    let width = 0.8 / c.methods.len().max(1) as f64;
+    for (m, &method) in c.methods.iter().enumerate() {
+        let colour =
+            COLOURS[crate::experiment::Method::ALL.iter().position(|&x| x == method).unwrap_or(0)];
+        let bars: Vec<_> = results
+            .cells
+            .iter()
+            .filter(|cell| cell.task == task && cell.method == method)
+            .filter_map(|cell| {
+                let l = c.levels.iter().position(|&l| l == cell.level)? as f64;
+                let r = Rates::of(results, cell);
+                let (p, ci) = if duplicates {
+                    (r.duplicates, r.duplicates_ci)
+                } else {
+                    (r.success, r.success_ci)
+                };
+                Some((l + 0.1 + m as f64 * width, 100.0 * p, ci))
+            })
+            .collect();
+        chart
+            .draw_series(bars.iter().map(|&(x, y, _)| {
+                Rectangle::new([(x, 0.0), (x + width * 0.9, y)], colour.filled())
+            }))?
+            .label(method.name())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+        chart.draw_series(bars.iter().map(|&(x, _, ci)| {
+            let mid = x + width * 0.45;
+            PathElement::new(vec![(mid, 100.0 * ci.lo), (mid, 100.0 * ci.hi)], BLACK)
+        }))?;
+    }
+    if !duplicates {
+        // Success bars reach 100%; the duplicate panels have room at the top.
+        return Ok(());
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// Writes the JSON document to `path`.
+pub fn write_json(results: &Results, path: &Path) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(&json(results)).map_err(std::io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}

@@ -1,0 +1,159 @@
+//! The experiment, end to end: determinism across thread counts, the
+//! guarantees of verify-before-retry, the baseline's growth of duplicates,
+//! the JSON's fixed fields, and single episodes whose counts are computed by
+//! hand.
+
+use std::time::Duration;
+
+use verified_tools::sim::{FaultLevel, FaultProfile, TaskKind};
+use verified_tools_suite::experiment::{self, Config, Episode, EpisodeSpec, Method, Settings};
+use verified_tools_suite::report;
+
+fn grid(episodes: u64, methods: &[Method], threads: usize) -> experiment::Results {
+    let config = Config { episodes, methods: methods.to_vec(), threads, ..Config::default() };
+    experiment::run(&config, &|_| {})
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    // 70 episodes: two chunks per cell, the second one short.
+    let one = grid(70, &Method::ALL, 1);
+    let three = grid(70, &Method::ALL, 3);
+    assert_eq!(one.cells, three.cells);
+    assert_eq!(report::table(&one), report::table(&three));
+    assert_eq!(report::json(&one), report::json(&three));
+    assert!(one.cells.iter().all(|c| c.stats.episodes == 70));
+}
+
+#[test]
+fn verify_before_retry_with_keys_never_duplicates_nor_lies() {
+    let results = grid(500, &[Method::VerifyBeforeRetry], 2);
+    assert_eq!(results.cells.len(), 2 * 4);
+    for cell in &results.cells {
+        let s = cell.stats;
+        let at = format!("{} {}", cell.task, cell.level);
+        assert_eq!(s.episodes, 500, "{at}");
+        assert_eq!(s.duplicates, 0, "{at}");
+        assert_eq!(s.false_successes, 0, "{at}");
+        // It does the work too: success is reported exactly when it is true.
+        assert_eq!(s.claimed, s.successes, "{at}");
+        assert!(s.successes >= 350, "{at}: {}", s.successes);
+    }
+}
+
+#[test]
+fn the_baseline_duplicates_more_as_faults_worsen() {
+    let results = grid(1000, &[Method::RetryOnly, Method::KeysOnly], 2);
+    for task in TaskKind::ALL {
+        let dup = |level, method| {
+            let cell = results
+                .cells
+                .iter()
+                .find(|c| c.task == task && c.level == level && c.method == method);
+            cell.expect("the cell was run").stats.duplicates
+        };
+        let rates: Vec<u64> = FaultLevel::ALL.iter().map(|&l| dup(l, Method::RetryOnly)).collect();
+        assert!(rates.windows(2).all(|w| w[0] < w[1]), "{task}: {rates:?}");
+        assert!(rates[0] >= 20, "{task}: duplicates even at low faults: {rates:?}");
+        // The same blind retries with keys sent: the server drops every duplicate.
+        assert!(FaultLevel::ALL.iter().all(|&l| dup(l, Method::KeysOnly) == 0), "{task}");
+    }
+}
+
+#[test]
+fn json_has_the_fixed_fields_and_counts_match_the_table() {
+    let results = grid(30, &Method::ALL, 2);
+    let doc = report::json(&results);
+    let cells = doc["cells"].as_array().expect("cells is an array");
+    assert_eq!(cells.len(), 2 * 4 * 5);
+    let table = report::table(&results);
+    for (json, cell) in cells.iter().zip(&results.cells) {
+        let count = |f: &str| json[f].as_u64().unwrap_or_else(|| panic!("{f} missing in {json}"));
+        assert_eq!(json["task"], cell.task.name());
+        assert_eq!(json["level"], cell.level.name());
+        assert_eq!(json["method"], cell.method.name());
+        let (n, ok, dup) = (count("episodes"), count("successes"), count("duplicates"));
+        let (lies, claimed) = (count("false_successes"), count("claimed_successes"));
+        assert_eq!(n, 30);
+        assert!(ok <= n && dup <= n && claimed <= n);
+        assert!(lies <= claimed && claimed - lies <= ok, "{json}");
+        assert_eq!(
+            (ok, dup, lies),
+            (cell.stats.successes, cell.stats.duplicates, cell.stats.false_successes)
+        );
+        // The table's line for this cell shows the same proportions.
+        let line = table
+            .lines()
+            .find(|l| {
+                let w: Vec<_> = l.split_whitespace().collect();
+                w.len() > 3 && w[..3] == [cell.task.name(), cell.level.name(), cell.method.name()]
+            })
+            .expect("a table line per cell");
+        let pct = |k: u64| format!("{:.1}", 100.0 * k as f64 / n as f64);
+        // Columns without the interval brackets: task level method succ lo hi
+        // dup lo hi h(s) h(d) false calls verif latency.
+        let line = line.replace(['[', ']', ','], " ");
+        let w: Vec<_> = line.split_whitespace().collect();
+        assert_eq!(w[3], pct(ok), "{line}");
+        assert_eq!(w[6], pct(dup), "{line}");
+        assert_eq!(w[11], pct(lies), "{line}");
+    }
+    assert!(cells.iter().any(|c| c["duplicates"].as_u64() > Some(0)));
+}
+
+/// One episode with hand-chosen faults, no latency, seed 42.
+fn one(task: TaskKind, profile: FaultProfile, method: Method) -> Episode {
+    let settings = Settings { latency: Duration::ZERO, ..Settings::default() };
+    let spec = EpisodeSpec { task: task.instance(42), profile, seed: 42, method, settings };
+    experiment::run_episode(&spec)
+}
+
+/// Every write is applied, then its response is lost after 1 s.
+fn lost_responses() -> FaultProfile {
+    FaultProfile { timeout: 1.0, ..FaultProfile::NONE }.with_timeout_applied_share(1.0)
+}
+
+/// Every compound write applies part of its effects and answers OK.
+fn partial_writes() -> FaultProfile {
+    FaultProfile { partial_success: 1.0, ..FaultProfile::NONE }
+}
+
+#[test]
+fn hand_computed_baseline_with_lost_responses() {
+    // create_customer: applied, lost (1 s); backoff 100..=200 ms; retried
+    // without key: applied again, lost (1 s). Retries exhausted → Unknown →
+    // the agent gives up. Two customers were created: a duplicate.
+    let e = one(TaskKind::ActivateCustomer, lost_responses(), Method::RetryOnly);
+    assert_eq!((e.success, e.claimed, e.duplicate), (false, false, true));
+    assert_eq!((e.tool_calls, e.verifier_calls), (2, 0));
+    assert!((2100..=2200).contains(&e.virtual_ms), "{e:?}");
+}
+
+#[test]
+fn hand_computed_verify_before_retry_with_lost_responses() {
+    // Each of the three writes: applied, lost (1 s); backoff 100..=200 ms;
+    // one verifier read sees it (no lag drawn) → Success, no retry.
+    let e = one(TaskKind::ActivateCustomer, lost_responses(), Method::VerifyBeforeRetry);
+    assert_eq!((e.success, e.claimed, e.duplicate), (true, true, false));
+    assert_eq!((e.tool_calls, e.verifier_calls), (3, 3));
+    assert!((3300..=3600).contains(&e.virtual_ms), "{e:?}");
+}
+
+#[test]
+fn hand_computed_partial_writes() {
+    // Baseline: the three writes answer OK (two of them partial): it claims
+    // success, the row has no amount and the record no fields. 0 ms.
+    let e = one(TaskKind::RecordInvoice, partial_writes(), Method::RetryOnly);
+    assert_eq!((e.success, e.claimed, e.duplicate), (false, true, false));
+    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (3, 0, 0));
+
+    // Verify-before-retry: update_invoice_row answers OK, 4 verifier reads
+    // 400 ms apart say Absent (3 waits, 1200 ms): NotApplied, not retried
+    // under the same key (the server would replay its OK). Re-planned twice
+    // as new calls, each partial again: 3 dispatches, 3 × 4 reads,
+    // 3 × 1200 ms; then the agent gives up. The row was written partially
+    // three times: no full write twice, no duplicate.
+    let e = one(TaskKind::RecordInvoice, partial_writes(), Method::VerifyBeforeRetry);
+    assert_eq!((e.success, e.claimed, e.duplicate), (false, false, false));
+    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (3, 12, 3600));
+}
