@@ -147,13 +147,14 @@ fn hand_computed_partial_writes() {
     assert_eq!((e.success, e.claimed, e.duplicate), (false, true, false));
     assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (3, 0, 0));
 
-    // Verify-before-retry: update_invoice_row answers OK, 4 verifier reads
-    // 400 ms apart say Absent (3 waits, 1200 ms): NotApplied, not retried
-    // under the same key (the server would replay its OK). Re-planned twice
-    // as new calls, each partial again: 3 dispatches, 3 × 4 reads,
-    // 3 × 1200 ms; then the agent gives up. The row was written partially
+    // Verify-before-retry: update_invoice_row answers OK; contradicting an
+    // OK takes the whole read budget: 6 reads 400 ms apart say Absent (5
+    // waits, 2000 ms): NotApplied, not retried under the same key (the
+    // server would replay its OK). Re-planned twice as new calls, each
+    // partial again: 3 dispatches, 3 × 6 reads, 3 × 2000 ms; then the agent
+    // gives up. The row was written partially
     // three times: no full write twice, no duplicate.
     let e = one(TaskKind::RecordInvoice, partial_writes(), Method::VerifyBeforeRetry);
     assert_eq!((e.success, e.claimed, e.duplicate), (false, false, false));
-    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (3, 12, 3600));
+    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (3, 18, 6000));
 }

@@ -60,7 +60,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
     };
     let key_borrows = key_params.iter().zip(&key_vars).map(|((name, ty, _), var)| {
         let span = parse::focus_span(ty);
-        let name = Ident::new(&name.to_string(), span);
+        let name = ident_at(name, span);
         quote_spanned! {span=>
             let #var = #name.key_parameter_must_be_serialize_or_skipped();
         }
@@ -267,7 +267,7 @@ pub(crate) fn verifier(func: &ToolFn, path: &syn::Path, ok: &syn::Type) -> Token
     };
     let receiver = is_method.then(|| quote_spanned!(span=> self,));
     let args = func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
-        let name = Ident::new(&p.ident.as_ref()?.to_string(), span);
+        let name = ident_at(p.ident.as_ref()?, span);
         Some(if p.is_shared_ref() {
             quote_spanned!(span=> #name)
         } else {
@@ -299,7 +299,7 @@ fn send_check(tool: &Tool) -> TokenStream {
     let receiver =
         tool.func.receiver.as_ref().map(|_| quote_spanned!(span=> __vt_assert_send(&self);));
     let params = tool.func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
-        let name = Ident::new(&p.ident.as_ref()?.to_string(), span);
+        let name = ident_at(p.ident.as_ref()?, span);
         Some(quote_spanned!(span=> __vt_assert_send(&#name);))
     });
     quote_spanned! {span=>
@@ -326,4 +326,12 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tt
         })
         .collect()
+}
+
+/// The same identifier (raw ones included: `Ident::new("r#type")` would
+/// panic) at another span.
+fn ident_at(ident: &Ident, span: Span) -> Ident {
+    let mut ident = ident.clone();
+    ident.set_span(span);
+    ident
 }

@@ -199,7 +199,9 @@ impl Context {
         self.clone().with_scope(KeyScope::durable(run, step))
     }
 
-    /// A copy whose next call uses this explicit key.
+    /// A copy whose calls all use this explicit key: make one per logical
+    /// call. With a ledger, reusing it for another tool or other arguments is
+    /// refused with [`CallError::KeyReuse`](crate::CallError::KeyReuse).
     pub fn with_key(&self, key: crate::IdempotencyKey) -> Self {
         self.clone().with_scope(KeyScope::Explicit(key))
     }

@@ -278,7 +278,7 @@ impl<D, V> Call<'_, D, V> {
         if verifies {
             sleep(wait).await;
             Phase::Verify { cause }
-        } else if self.attempts <= self.policy.retries {
+        } else if self.cx.mode() != Mode::VerifyOnly && self.attempts <= self.policy.retries {
             // Retry-only mode, or a tool without a verifier (none/low classes):
             // the key is all that guards against duplicates.
             sleep(wait).await;
@@ -297,8 +297,15 @@ impl<D, V> Call<'_, D, V> {
     {
         let key = self.key();
         let budget = self.policy.verify;
+        let reads = budget.reads.max(1);
+        // The tool answered OK: only the whole budget reading Absent outweighs
+        // that answer (a single early read may just be a stale replica).
+        let needed = match cause {
+            Cause::Unconfirmed => reads,
+            _ => budget.absent_reads.clamp(1, reads),
+        };
         let mut absent = 0;
-        for read in 0..budget.reads.max(1) {
+        for read in 0..reads {
             if read > 0 {
                 sleep(budget.interval).await;
             }
@@ -310,7 +317,7 @@ impl<D, V> Call<'_, D, V> {
                 }
                 Verdict::Absent => {
                     absent += 1;
-                    if absent >= budget.absent_reads.max(1) {
+                    if absent >= needed {
                         return self.absent(cause);
                     }
                 }
@@ -328,8 +335,14 @@ impl<D, V> Call<'_, D, V> {
         // ignores keys, apply the effect again). Completing it is a new
         // logical call, the caller's decision.
         let replayable = !matches!(cause, Cause::Unconfirmed);
+        // An irreversible call found in doubt by a later call (escalated, or
+        // cancelled after dispatch) stays with the person it went to: a
+        // repeat call must not buy a fresh retry budget.
+        let resumed_irreversible = matches!(cause, Cause::Interrupted)
+            && self.spec.side_effect == SideEffect::Irreversible;
         let retry = self.cx.mode() == Mode::VerifyBeforeRetry
             && replayable
+            && !resumed_irreversible
             && self.attempts <= self.policy.retries;
         if retry {
             Phase::Dispatch

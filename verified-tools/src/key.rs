@@ -94,6 +94,14 @@ impl IdempotencyKey {
         write_str(&mut sink, agent);
         write_str(&mut sink, action);
         match scope {
+            KeyScope::Explicit(key) => {
+                // The explicit key commits to nothing, so the fingerprint must
+                // commit to everything: agent, action and payload. Another
+                // tool reusing the key is then a mismatch, not a replay.
+                sink.update(&[0x02]);
+                let fingerprint = payload::encode_into(sink, payload)?.digest128();
+                return Ok((*key, PayloadDigest::from_u128(fingerprint)));
+            }
             KeyScope::TimeBucket(width) => {
                 // A zero width would divide by zero; treat it as 1 ms buckets.
                 let width_ms = (width.as_millis() as u64).max(1);
@@ -106,7 +114,6 @@ impl IdempotencyKey {
                 write_str(&mut sink, run);
                 sink.update(&step.to_le_bytes());
             }
-            KeyScope::Explicit(key) => return Ok((*key, payload_digest(payload)?)),
         }
         let key = payload::encode_into(sink, payload)?.digest128();
         Ok((Self(key), PayloadDigest::from_u128(key)))

@@ -408,3 +408,43 @@ async fn ledger_records_expire_after_their_ttl() {
     ));
     assert_eq!(fake.dispatches().len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_explicit_key_reused_by_another_tool_is_refused_not_replayed() {
+    static OTHER: ToolSpec = ToolSpec::new("cancel", SideEffect::High).with_verifier();
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).with_key(IdempotencyKey::from_u128(9));
+    let fake = Fake::new(&[], &[]);
+    assert!(run(&cx, &HIGH, &fake).await.is_success());
+    let r = run(&cx, &OTHER, &fake).await;
+    assert!(matches!(r, ToolResult::Refused(CallError::KeyReuse { tool: "cancel", .. })), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeat_of_an_escalated_irreversible_call_never_dispatches_again() {
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[Read::Unknown; 3]);
+    assert!(matches!(run(&cx, &PAY, &fake).await, ToolResult::Escalated { .. }));
+    // The state now reads Absent, but a person owns the call.
+    let r = run(&cx, &PAY, &fake).await;
+    assert!(matches!(r, ToolResult::Escalated { verdict: Verdict::Absent, .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_only_never_retries_tools_without_a_verifier() {
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let r = run_unverified(&cx().with_mode(Mode::VerifyOnly), &LOW, &fake).await;
+    assert!(matches!(r, ToolResult::Unknown { reason: UnknownReason::RetriesExhausted, .. }));
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_stale_read_does_not_outweigh_an_ok_answer() {
+    // The write answered OK; the first read hits a stale replica, the next
+    // one sees the effect.
+    let fake = Fake::new(&[Attempt::Ok], &[Read::Stale]);
+    let r = run(&cx(), &CONFIRM, &fake).await;
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}

@@ -59,13 +59,13 @@ fn tuple_of_int_and_str_matches_the_documented_encoding() {
 fn struct_matches_the_documented_encoding() {
     let invoice = Invoice { invoice_id: 7, amount_cents: -1250, currency: "EUR", memo: None };
     let mut bytes = vec![0x11];
-    str_(&mut bytes, "invoice_id");
+    string(&mut bytes, "invoice_id");
     int(&mut bytes, 7);
-    str_(&mut bytes, "amount_cents");
+    string(&mut bytes, "amount_cents");
     int(&mut bytes, -1250);
-    str_(&mut bytes, "currency");
+    string(&mut bytes, "currency");
     string(&mut bytes, "EUR");
-    str_(&mut bytes, "memo");
+    string(&mut bytes, "memo");
     bytes.push(0x09);
     bytes.push(0xFF);
     assert_eq!(payload_digest(&invoice).unwrap().as_u128(), xxh3_128(&bytes));
@@ -164,10 +164,16 @@ fn golden_vectors() {
 const GOLDEN: [&str; 5] = [
     "ad2098a5b21578aca3491116db125fcc",
     "ea824c898158b8c5ea89578b73076098",
-    "dd83d9dfcf85fa68e9526ba5ff4821f5",
+    "e07676b26a110c02fd6611b0c6d10ad9",
     "f83d21ca1aae2de3e977c0a24a4a9bc7",
     "31a9ca8312255b41047a1ab47b676916",
 ];
+
+/// The default scope decides every macro tool's keys: it must not drift.
+#[test]
+fn default_scope_is_pinned() {
+    assert_eq!(KeyScope::DEFAULT, KeyScope::TimeBucket(Duration::from_secs(300)));
+}
 
 #[test]
 fn framing_separates_adjacent_strings() {

@@ -7,14 +7,17 @@
 //! concatenation of values is unambiguous: `("ab", "c")` and `("a", "bc")`
 //! encode differently by construction. All numbers are little-endian.
 //!
+//! Below, `str(s)` is `len(s) as u64 ‖ UTF-8 bytes of s`, with no tag.
+//!
 //! | value | bytes |
 //! |---|---|
 //! | bool | `01` ‖ 0 or 1 |
 //! | integer that fits i64 (any width, signed or not) | `02` ‖ i64 |
-//! | other integer (i128/u128 beyond i64) | `03` ‖ i128 or `04` ‖ u128 |
+//! | other integer that fits i128 (u64 above i64::MAX included) | `03` ‖ i128 |
+//! | u128 above i128::MAX | `04` ‖ u128 |
 //! | f32, f64 (f32 widened; -0.0 → 0.0; every NaN → the canonical NaN) | `05` ‖ f64 bits |
 //! | char | `06` ‖ u32 |
-//! | str | `07` ‖ len u64 ‖ UTF-8 bytes |
+//! | str | `07` ‖ str(s) |
 //! | bytes | `08` ‖ len u64 ‖ bytes |
 //! | None / Some(v) | `09` / `0A` ‖ v |
 //! | unit, unit struct | `0B` |
@@ -24,8 +27,8 @@
 //! | seq, tuple, tuple struct | `0E` ‖ values ‖ `FF` |
 //! | tuple variant | `0F` ‖ str(variant) ‖ `0E` ‖ values ‖ `FF` |
 //! | map | `10` ‖ count u64 ‖ Σ xxh3_128(key ‖ value) over entries (wrapping u128) |
-//! | struct | `11` ‖ (str(field) ‖ value)* ‖ `FF` |
-//! | struct variant | `12` ‖ str(variant) ‖ (str(field) ‖ value)* ‖ `FF` |
+//! | struct | `11` ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
+//! | struct variant | `12` ‖ str(variant) ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
 //!
 //! Maps hash each entry on its own and add the digests, so a `HashMap` gives
 //! the same key whatever its iteration order (and the same as a `BTreeMap`
@@ -143,6 +146,12 @@ impl PayloadHasher {
     }
 
     #[inline]
+    fn string(&mut self, s: &str) {
+        self.tagged(STR, &(s.len() as u64).to_le_bytes());
+        self.0.update(s.as_bytes());
+    }
+
+    #[inline]
     fn int(&mut self, v: i128) {
         match i64::try_from(v) {
             Ok(small) => self.tagged(INT, &small.to_le_bytes()),
@@ -222,8 +231,7 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         Ok(())
     }
     fn serialize_str(self, v: &str) -> Result<(), KeyError> {
-        self.tagged(STR, &(v.len() as u64).to_le_bytes());
-        self.0.update(v.as_bytes());
+        self.string(v);
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), KeyError> {
@@ -355,7 +363,8 @@ macro_rules! struct_like {
                 key: &'static str,
                 value: &T,
             ) -> Result<(), KeyError> {
-                self.str_body(key.as_bytes());
+                // Tagged, so that a name can never be read as the END byte.
+                self.string(key);
                 value.serialize(&mut **self)
             }
             fn end(self) -> Result<(), KeyError> {
