@@ -165,7 +165,7 @@ fn futures_block<F: std::future::Future>(fut: F) -> F::Output {
 
 #[test]
 fn success_path_without_timeout_does_not_allocate() {
-    let cx = no_timeout(Context::new("agent")).for_step("run-1", 1);
+    let cx = no_timeout(Context::new("agent").without_ledger()).for_step("run-1", 1);
     let per_call = allocs_per_call(&cx, false, Proof::Response);
     println!("success path, ledger+audit off, attempt_timeout None: {per_call} allocations/call");
     assert_eq!(per_call, 0.0);
@@ -173,7 +173,7 @@ fn success_path_without_timeout_does_not_allocate() {
 
 #[test]
 fn success_path_with_default_timeout_does_not_allocate() {
-    let cx = Context::new("agent").for_step("run-1", 1);
+    let cx = Context::new("agent").without_ledger().for_step("run-1", 1);
     let per_call = allocs_per_call(&cx, false, Proof::Response);
     println!("success path, ledger+audit off, default 30 s timeout: {per_call} allocations/call");
     assert_eq!(per_call, 0.0, "the tokio timer of the attempt timeout allocated");
@@ -199,7 +199,9 @@ fn ledger_allocations_per_call() {
 #[test]
 fn audit_allocations_per_call() {
     let audit = Arc::new(MemoryAudit::new());
-    let cx = no_timeout(Context::new("agent")).with_audit(audit.clone()).for_step("run-1", 1);
+    let cx = no_timeout(Context::new("agent").without_ledger())
+        .with_audit(audit.clone())
+        .for_step("run-1", 1);
     let per_call = allocs_per_call(&cx, false, Proof::Response);
     println!(
         "MemoryAudit on: {per_call} allocations/call ({} events recorded)",
@@ -246,8 +248,11 @@ fn pending_allocs_per_call(cx: &Context) -> f64 {
 
 #[test]
 fn registered_attempt_timer_does_not_allocate() {
-    let none = pending_allocs_per_call(&no_timeout(Context::new("agent")).for_step("run-1", 1));
-    let default = pending_allocs_per_call(&Context::new("agent").for_step("run-1", 1));
+    let none = pending_allocs_per_call(
+        &no_timeout(Context::new("agent").without_ledger()).for_step("run-1", 1),
+    );
+    let default =
+        pending_allocs_per_call(&Context::new("agent").without_ledger().for_step("run-1", 1));
     println!(
         "pending attempt: {none} allocations/call without timeout, {default} with the 30 s timer"
     );

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::audit::AuditSink;
 use crate::escalation::Escalation;
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, MemoryLedger};
 use crate::{KeyScope, Mode, RetryPolicy, SideEffect, ToolSpec};
 
 /// A source of "now" for key time buckets and audit timestamps.
@@ -90,8 +90,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context for `agent`, with the default policies, the wall clock and
-    /// no ledger, audit or escalation.
+    /// A context for `agent`, with the default policies, the wall clock, an
+    /// in-memory ledger (so a repeated or resumed call verifies before it
+    /// dispatches, and explicit keys are checked) and no audit or escalation.
     pub fn new(agent: impl Into<Arc<str>>) -> Self {
         Self {
             agent: agent.into(),
@@ -103,7 +104,7 @@ impl Context {
                 max: Duration::from_secs(30),
             },
             clock: Arc::new(SystemClock),
-            ledger: None,
+            ledger: Some(Arc::new(MemoryLedger::new())),
             audit: None,
             escalation: None,
         }
@@ -218,9 +219,18 @@ impl Context {
         self
     }
 
-    /// Records calls in a ledger.
+    /// Records calls in this ledger instead of the default in-memory one
+    /// (share one ledger between contexts that must see each other's calls).
     pub fn with_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
         self.ledger = Some(ledger);
+        self
+    }
+
+    /// Records nothing: no replay of completed calls, no in-flight or key
+    /// reuse checks, no verify-first after a cancelled call. The success path
+    /// then allocates nothing.
+    pub fn without_ledger(mut self) -> Self {
+        self.ledger = None;
         self
     }
 

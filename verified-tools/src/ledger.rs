@@ -94,6 +94,7 @@ struct Entry {
 pub struct MemoryLedger {
     entries: Mutex<HashMap<u128, Entry>>,
     ttl: Duration,
+    lease: Duration,
 }
 
 impl Default for MemoryLedger {
@@ -112,7 +113,16 @@ impl MemoryLedger {
     /// (tokio time). Held keys never expire: their call is still running, or
     /// its drop guard will finish them.
     pub fn with_ttl(ttl: Duration) -> Self {
-        Self { entries: Mutex::default(), ttl }
+        Self { entries: Mutex::default(), ttl, lease: Duration::from_secs(600) }
+    }
+
+    /// Sets how long a call may hold a key (10 minutes by default). A key
+    /// held longer is presumed abandoned (its holder hung or leaked): the
+    /// next call takes it over in doubt, so it verifies before it dispatches.
+    /// Set it above the longest a call can take (attempts × timeout + waits).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// Forgets the finished records older than the TTL. Lookups already
@@ -159,7 +169,11 @@ impl Ledger for MemoryLedger {
             return Ok(Begin::Mismatch);
         }
         Ok(match &entry.state {
-            State::Held => Begin::InFlight,
+            State::Held if now.duration_since(entry.since) < self.lease => Begin::InFlight,
+            State::Held => {
+                entry.since = now;
+                Begin::Resume
+            }
             State::Done(value) => Begin::Completed(Arc::clone(value)),
             State::InDoubt => {
                 entry.state = State::Held;

@@ -448,3 +448,28 @@ async fn one_stale_read_does_not_outweigh_an_ok_answer() {
     assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
     assert_eq!(fake.dispatches().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_key_is_taken_over_in_doubt_after_its_lease() {
+    let ledger = Arc::new(MemoryLedger::new().with_lease(Duration::from_secs(60)));
+    let cx = cx().with_ledger(ledger).for_step("run", 1).with_in_flight(InFlight::Return);
+    // A call that hangs forever holds the key (no attempt timeout).
+    let hang = RetryPolicy::for_class(SideEffect::High).with_attempt_timeout(None);
+    let stuck_cx = cx.clone().with_policy(SideEffect::High, hang);
+    let fake = Fake::new(&[Attempt::Hang], &[]);
+    let stuck = run(&stuck_cx, &HIGH, &fake);
+    let later = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let early = run(&cx, &HIGH, &fake).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        (early, run(&cx, &HIGH, &fake).await)
+    };
+    let (early, late) = tokio::select! {
+        _ = stuck => unreachable!("the stuck call never ends"),
+        r = later => r,
+    };
+    assert!(matches!(early, ToolResult::Refused(CallError::InProgress { .. })), "{early:?}");
+    // Past the lease: taken over, verified first (Absent), then dispatched.
+    assert!(late.is_success(), "{late:?}");
+    assert!(matches!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(_)]));
+}
