@@ -35,6 +35,9 @@ pub enum ToolCall {
     CreateRecord(RecordInvoice),
     /// `set_record_status` (RECORDED) at this expected version.
     SetRecordStatus(RecordInvoice, u64),
+    /// `update_record_fields` at this expected version: fills in the
+    /// fields of a record created without them.
+    UpdateRecordFields(RecordInvoice, u64),
     /// `read_record`, an observation.
     ReadRecord(RecordInvoice),
 }
@@ -198,6 +201,10 @@ pub async fn act(cx: &Context, client: &SimClient, call: ToolCall) -> Outcome {
             tools::set_record_status(cx, client, t.record, t.invoice_id, t.amount, v).await,
             Value::Record,
         ),
+        C::UpdateRecordFields(t, v) => Outcome::of(
+            tools::update_record_fields(cx, client, t.record, t.invoice_id, t.amount, v).await,
+            Value::Record,
+        ),
         C::ReadRecord(t) => {
             Outcome::of(tools::read_record(cx, client, t.record).await, Value::MaybeRecord)
         }
@@ -273,18 +280,26 @@ impl TaskPlanner {
             (C::CreateRecord(t), O::Success(V::Record(r))) => {
                 self.advance(C::SetRecordStatus(t, r.version))
             }
+            // A repaired record: its version is the one the verifier (or the
+            // answer) saw with the fields filled in.
+            (C::UpdateRecordFields(t, _), O::Success(V::Record(r))) => {
+                self.advance(C::SetRecordStatus(t, r.version))
+            }
             (C::SetRecordStatus(_, _), O::Success(_)) => Action::Finish { success: true },
             (C::UpdateInvoiceRow(t), o) if o.may_replan() => self.replan(C::UpdateInvoiceRow(t)),
-            (C::CreateRecord(t) | C::SetRecordStatus(t, _), o) if o.may_replan() => {
+            (C::CreateRecord(t) | C::SetRecordStatus(t, _) | C::UpdateRecordFields(t, _), o)
+                if o.may_replan() =>
+            {
                 self.replan(C::ReadRecord(t))
             }
             (C::ReadRecord(t), O::Success(V::MaybeRecord(seen))) => match seen {
                 // Nothing was created: creating it is safe.
                 None => Action::Call(C::CreateRecord(t)),
+                // A partial creation (or a partial repair): fill in the
+                // fields as a new logical call. Creating it again would be a
+                // second creation, a duplicate.
                 Some(r) if r.invoice_id != Some(t.invoice_id) || r.amount != Some(t.amount) => {
-                    // A partial creation: the API has no way to fill in the
-                    // fields, and creating again would be a second creation.
-                    GIVE_UP
+                    Action::Call(C::UpdateRecordFields(t, r.version))
                 }
                 Some(r) if r.status == RecordStatus::Recorded => Action::Finish { success: true },
                 Some(r) => Action::Call(C::SetRecordStatus(t, r.version)),
@@ -338,7 +353,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partial_record_is_not_created_twice() {
+    fn a_partial_record_is_repaired_not_created_twice() {
         let t = invoice();
         let mut p = TaskPlanner::new(Task::RecordInvoice(t), 2);
         let create = ToolCall::CreateRecord(t);
@@ -348,7 +363,8 @@ mod tests {
         // Nothing there: creating is safe.
         let nothing = Outcome::Success(Value::MaybeRecord(None));
         assert_eq!(decide(&mut p, read, nothing), Action::Call(create));
-        // A record without its fields: a second creation would duplicate it.
+        // A record without its fields: a second creation would duplicate
+        // it; its fields are filled in at the version read instead.
         let partial = Record {
             id: RecordId(t.record.0),
             status: RecordStatus::Draft,
@@ -357,6 +373,24 @@ mod tests {
             version: 1,
         };
         let seen = Outcome::Success(Value::MaybeRecord(Some(partial)));
-        assert_eq!(decide(&mut p, read, seen), Action::Finish { success: false });
+        let repair = ToolCall::UpdateRecordFields(t, 1);
+        assert_eq!(decide(&mut p, read, seen), Action::Call(repair));
+        // A repair that is itself partial is re-planned (read, repair) within
+        // the step's budget; the create spent one re-plan, this the second.
+        assert_eq!(decide(&mut p, repair, missing), Action::Call(read));
+        let half = Record { invoice_id: Some(t.invoice_id), version: 2, ..partial };
+        let seen = Outcome::Success(Value::MaybeRecord(Some(half)));
+        let repair = ToolCall::UpdateRecordFields(t, 2);
+        assert_eq!(decide(&mut p, read, seen), Action::Call(repair));
+        let done = Record { amount: Some(t.amount), version: 3, ..half };
+        let next = decide(&mut p, repair, Outcome::Success(Value::Record(done)));
+        assert_eq!(next, Action::Call(ToolCall::SetRecordStatus(t, 3)));
+        // The budget is spent: a third failed repair gives up.
+        let mut p = TaskPlanner::new(Task::RecordInvoice(t), 1);
+        assert_eq!(decide(&mut p, create, missing), Action::Call(read));
+        let seen = Outcome::Success(Value::MaybeRecord(Some(partial)));
+        assert_eq!(decide(&mut p, read, seen), Action::Call(ToolCall::UpdateRecordFields(t, 1)));
+        let failed = decide(&mut p, ToolCall::UpdateRecordFields(t, 1), missing);
+        assert_eq!(failed, Action::Finish { success: false });
     }
 }

@@ -1,7 +1,8 @@
 //! The example agent of `verified-tools` and the experiment that reproduces
 //! the paper's evaluation (sections 4.2–6) on the bundled simulator.
 //!
-//! - [`tools`]: the six write tools of the two tasks and two reads, each a
+//! - [`tools`]: the six write tools of the two tasks, the repair of a partial
+//!   record (`update_record_fields`) and two reads, each a
 //!   plain async fn under `#[verified_tool]`, with full-postcondition
 //!   verifiers;
 //! - [`agent`]: a ReAct-style loop over a [`Planner`](agent::Planner), with

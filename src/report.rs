@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::{Value, json};
 use verified_tools::sim::stats::{Interval, cohens_h, wilson95};
 
@@ -182,22 +183,65 @@ const COLOURS: [RGBColor; 5] = [
     RGBColor(31, 119, 180),
 ];
 
-/// Draws Figure 2: per task, success and duplicate rates (with their 95%
-/// intervals) per level and method.
+/// Draws Figure 2: per task, success and duplicate rates (bars, with their
+/// 95% Wilson intervals as whiskers) per level and method; a 0% bar is
+/// labelled "0" so that a method that never duplicates is visibly there.
+/// The duplicate panels' axis ends at the highest interval bound (rounded
+/// up to 10%), the success panels' at 100%.
 pub fn svg(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let c = &results.config;
     let rows = c.tasks.len().max(1) as u32;
-    let root = SVGBackend::new(path, (1200, 380 * rows)).into_drawing_area();
+    let root = SVGBackend::new(path, (1400, 76 + 420 * rows)).into_drawing_area();
     root.fill(&WHITE)?;
+    let title = format!(
+        "Success and duplicate actions per fault level and method ({} episodes per cell; \
+         whiskers: 95% Wilson interval)",
+        c.episodes
+    );
+    let root = root.titled(&title, ("sans-serif", 20))?;
+    let (legend, root) = root.split_vertically(36);
+    draw_legend(&legend, &c.methods)?;
+    // Duplicate rates stay low: their panels share an axis that ends at the
+    // highest interval bound, rounded up to 10%, instead of at 100%.
+    let highest = results
+        .cells
+        .iter()
+        .map(|cell| Rates::of(results, cell).duplicates_ci.hi)
+        .fold(0.0, f64::max);
+    let dup_top = ((100.0 * highest / 10.0).ceil() * 10.0).clamp(10.0, 100.0);
     let panels = root.split_evenly((rows as usize, 2));
     for (i, panel) in panels.iter().enumerate() {
-        let task = c.tasks[i / 2];
+        let Some(&task) = c.tasks.get(i / 2) else { break };
         let duplicates = i % 2 == 1;
-        let metric = if duplicates { "duplicate-action rate (%)" } else { "task success (%)" };
-        draw_panel(results, panel, task, duplicates, &format!("{task}: {metric}"))?;
+        let top = if duplicates { dup_top } else { 100.0 };
+        draw_panel(results, panel, task, duplicates, top)?;
     }
     root.present()?;
     Ok(())
+}
+
+/// One legend for every panel, in a row above them: no legend box covers
+/// a bar.
+fn draw_legend(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    methods: &[crate::experiment::Method],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (w, _) = area.dim_in_pixel();
+    let slot = 220;
+    let mut x = (w as i32 - slot * methods.len() as i32).max(0) / 2;
+    for &method in methods {
+        let colour = colour_of(method);
+        area.draw(&Rectangle::new([(x, 10), (x + 16, 26)], colour.filled()))?;
+        let style =
+            ("sans-serif", 16).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
+        area.draw(&Text::new(method.name(), (x + 24, 18), style))?;
+        x += slot;
+    }
+    Ok(())
+}
+
+fn colour_of(method: crate::experiment::Method) -> RGBColor {
+    COLOURS[crate::experiment::Method::ALL.iter().position(|&x| x == method).unwrap_or(0)]
 }
 
 fn draw_panel(
@@ -205,16 +249,21 @@ fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     task: verified_tools::sim::TaskKind,
     duplicates: bool,
-    title: &str,
+    top: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let c = &results.config;
     let levels = c.levels.len() as f64;
+    let (title, y_desc) = if duplicates {
+        (format!("{task}: duplicate actions"), "episodes with a duplicate (%)")
+    } else {
+        (format!("{task}: task success"), "postcondition holds (%)")
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(40)
-        .build_cartesian_2d(0.0..levels, 0.0..100.0)?;
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..levels, 0.0..top)?;
     let level_at = |x: &f64| {
         let i = x.floor() as usize;
         let centred = (x - x.floor() - 0.5).abs() < 1e-6;
@@ -225,12 +274,18 @@ fn draw_panel(
         .disable_x_mesh()
         .x_labels(2 * c.levels.len() + 1)
         .x_label_formatter(&level_at)
-        .y_desc("%")
+        .y_labels(6)
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.12))
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 14))
+        .x_desc("fault level")
+        .y_desc(y_desc)
         .draw()?;
     let width = 0.8 / c.methods.len().max(1) as f64;
     for (m, &method) in c.methods.iter().enumerate() {
-        let colour =
-            COLOURS[crate::experiment::Method::ALL.iter().position(|&x| x == method).unwrap_or(0)];
+        let colour = colour_of(method);
         let bars: Vec<_> = results
             .cells
             .iter()
@@ -246,27 +301,27 @@ fn draw_panel(
                 Some((l + 0.1 + m as f64 * width, 100.0 * p, ci))
             })
             .collect();
-        chart
-            .draw_series(bars.iter().map(|&(x, y, _)| {
+        chart.draw_series(
+            bars.iter().map(|&(x, y, _)| {
                 Rectangle::new([(x, 0.0), (x + width * 0.9, y)], colour.filled())
-            }))?
-            .label(method.name())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+            }),
+        )?;
         chart.draw_series(bars.iter().map(|&(x, _, ci)| {
             let mid = x + width * 0.45;
             PathElement::new(vec![(mid, 100.0 * ci.lo), (mid, 100.0 * ci.hi)], BLACK)
         }))?;
+        // A 0% bar: a stroke of its colour on the axis, and "0" left of its
+        // whisker.
+        let zero =
+            ("sans-serif", 13).into_font().color(&colour).pos(Pos::new(HPos::Right, VPos::Bottom));
+        for &(x, _, _) in bars.iter().filter(|&&(_, y, _)| y == 0.0) {
+            let stroke = colour.stroke_width(3);
+            chart
+                .draw_series([PathElement::new(vec![(x, 0.0), (x + width * 0.9, 0.0)], stroke)])?;
+            let above = top / 120.0;
+            chart.draw_series([Text::new("0", (x + width * 0.38, above), zero.clone())])?;
+        }
     }
-    if !duplicates {
-        // Success bars reach 100%; the duplicate panels have room at the top.
-        return Ok(());
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
     Ok(())
 }
 

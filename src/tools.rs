@@ -6,7 +6,8 @@
 //! answered OK must read as [`Verdict::Absent`]. The compound writes
 //! (`set_customer_status`, `update_invoice_row`, `create_record`) also verify
 //! after an OK answer (`verify_response = true`), because their partial
-//! success answers OK. Verifiers read through the server's replica, which may
+//! success answers OK; so does `update_record_fields`, the repair of a
+//! partial `create_record`. Verifiers read through the server's replica, which may
 //! lag: the engine's [`VerifyBudget`](verified_tools::VerifyBudget) decides
 //! how many consecutive `Absent` reads are believed.
 
@@ -190,6 +191,43 @@ async fn record_created(
     record: &RecordId,
     invoice_id: &InvoiceId,
     amount: &u64,
+) -> Result<Verdict<Record>, SimError> {
+    let seen = client.verifier().get_record(*record).await?;
+    Ok(seen.filter(|r| has_fields(r, *invoice_id, *amount)).into())
+}
+
+/// Fills in the record's required fields, if it is still at
+/// `expected_version`: the repair of a record created without them (a
+/// partial `create_record`), as a new logical call with its own key.
+#[verified_tool(
+    side_effect = "high",
+    verify = record_fields_filled,
+    skip(client),
+    verify_response = true
+)]
+pub async fn update_record_fields(
+    client: &SimClient,
+    record: RecordId,
+    invoice_id: InvoiceId,
+    amount: u64,
+    expected_version: u64,
+    key: IdempotencyKey,
+) -> Result<Record, SimError> {
+    client
+        .server
+        .update_record_fields(record, invoice_id, amount, expected_version, client.dispatch(key))
+        .await
+}
+
+/// record.invoice_id = a.invoice_id ∧ record.amount = a.amount (in any
+/// status): a record with the invoice id but without the amount, the
+/// update's partial success, is `Absent`.
+async fn record_fields_filled(
+    client: &SimClient,
+    record: &RecordId,
+    invoice_id: &InvoiceId,
+    amount: &u64,
+    _expected_version: &u64,
 ) -> Result<Verdict<Record>, SimError> {
     let seen = client.verifier().get_record(*record).await?;
     Ok(seen.filter(|r| has_fields(r, *invoice_id, *amount)).into())

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use verified_tools::sim::{
-    ActivateCustomer, CustomerId, CustomerStatus, FaultLevel, FaultProfile, InvoiceId, Op, Oracle,
-    RecordId, RecordInvoice, RecordStatus, RowId, SimConfig, SimError, SimServer, StaleReads, Task,
-    TaskKind, Timeout,
+    ActivateCustomer, CustomerId, CustomerStatus, Effect, EffectCount, FaultLevel, FaultProfile,
+    InvoiceId, Op, Oracle, RecordId, RecordInvoice, RecordStatus, RowId, SimConfig, SimError,
+    SimServer, StaleReads, Task, TaskKind, Timeout,
 };
 use verified_tools::{Classify, ErrorClass, IdempotencyKey};
 
@@ -524,6 +524,217 @@ async fn a_clean_run_satisfies_both_postconditions() {
     assert_eq!(truth.faults(), Default::default());
 }
 
+// ---------------------------------------------------------------- update_record_fields
+
+const TASK: RecordInvoice =
+    RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT, record: REC };
+
+#[test]
+fn the_repair_op_has_its_own_stream_and_left_the_others_unchanged() {
+    // Fault streams are keyed by the op's number: the six original ops keep
+    // theirs, the new one is numbered after them.
+    let numbers = Op::ALL.map(|op| op as u64);
+    assert_eq!(numbers, [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(Op::ALL[6], Op::UpdateRecordFields);
+    assert!(Op::UpdateRecordFields.is_compound() && Op::UpdateRecordFields.is_versioned());
+    assert_eq!(Op::UpdateRecordFields.to_string(), "update_record_fields");
+    let p = FaultLevel::Extreme.profile();
+    let stream = |op| (0..32).map(|n| p.draw(42, op, n)).collect::<Vec<_>>();
+    for op in &Op::ALL[..6] {
+        assert_ne!(stream(Op::UpdateRecordFields), stream(*op), "{op}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn repairs_shift_no_other_operations_faults() {
+    let p = FaultLevel::Extreme.profile();
+    // One record, then its status set; with and without three repairs in
+    // between. The status write faces the same faults either way.
+    let run = |repairs: u32| async move {
+        let (s, o) = SimServer::new(SimConfig::new(42, p));
+        while s.create_record(REC, INV, AMOUNT, None).await.is_err() {}
+        for _ in 0..repairs {
+            let v = o.truth().record(REC).unwrap().version;
+            let _ = s.update_record_fields(REC, INV, AMOUNT, v, None).await;
+        }
+        let v = o.truth().record(REC).unwrap().version;
+        let status = s.set_record_status(REC, RecordStatus::Recorded, v, None).await;
+        let truth = o.truth();
+        (status.map(|r| r.status), truth.calls(Op::CreateRecord), truth.calls(Op::SetRecordStatus))
+    };
+    assert_eq!(run(0).await, run(3).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn filling_in_a_partial_record_is_not_a_duplicate_but_a_second_full_fill_is() {
+    let half = FaultProfile { partial_success: 0.5, ..FaultProfile::NONE };
+    // The creation is partial; update call 0 is partial, calls 2 and 3 full
+    // (call 1 replays a key, which only draws a timeout); the row is full.
+    let seed = seed_where(|s| {
+        half.draw(s, Op::CreateRecord, 0).partial
+            && half.draw(s, Op::UpdateRecordFields, 0).partial
+            && !half.draw(s, Op::UpdateRecordFields, 2).partial
+            && !half.draw(s, Op::UpdateRecordFields, 3).partial
+            && !half.draw(s, Op::UpdateInvoiceRow, 0).partial
+    });
+    let (s, o) = SimServer::new(SimConfig::new(seed, half));
+    let r = s.create_record(REC, INV, AMOUNT, key(1)).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount, r.version), (None, None, 1));
+
+    // A partial repair writes the invoice id, not the amount, and answers OK.
+    let r = s.update_record_fields(REC, INV, AMOUNT, 1, key(2)).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount, r.version), (Some(INV), None, 2));
+    // Its key replays that answer (call 1, drawn full, applies nothing).
+    assert_eq!(s.update_record_fields(REC, INV, AMOUNT, 1, key(2)).await, Ok(r));
+    let truth = o.truth();
+    assert_eq!(
+        truth.applied(Op::UpdateRecordFields, REC.0),
+        EffectCount { applied: 1, partial: 1 }
+    );
+    assert_eq!(truth.calls(Op::UpdateRecordFields), 2);
+
+    // A new call completes the record: one creation, one full update.
+    let r = s.update_record_fields(REC, INV, AMOUNT, 2, key(3)).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount, r.version), (Some(INV), Some(AMOUNT), 3));
+    let truth = o.truth();
+    assert_eq!(truth.applied(Op::CreateRecord, REC.0), EffectCount { applied: 1, partial: 1 });
+    assert_eq!(
+        truth.applied(Op::UpdateRecordFields, REC.0),
+        EffectCount { applied: 2, partial: 1 }
+    );
+    assert!(!truth.has_duplicates());
+    assert_eq!(truth.faults().partial, 2);
+    let r = s.set_record_status(REC, RecordStatus::Recorded, 3, key(4)).await.unwrap();
+    assert_eq!(r.status, RecordStatus::Recorded);
+    s.update_invoice_row(ROW, INV, AMOUNT, key(6)).await.unwrap();
+    assert!(TASK.holds(&o.truth()), "the repaired record satisfies record_invoice");
+
+    // The full update applied a second time is a duplicate update.
+    s.update_record_fields(REC, INV, AMOUNT, 4, key(5)).await.unwrap();
+    let dups: Vec<_> = o.truth().duplicates().collect();
+    assert_eq!(dups.len(), 1);
+    assert_eq!(dups[0].0, Effect { op: Op::UpdateRecordFields, target: REC.0 });
+    assert_eq!((dups[0].1.applied, dups[0].1.full()), (3, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn update_record_fields_times_out_before_and_after_applying() {
+    let p = FaultProfile { timeout: 0.5, ..FaultProfile::NONE };
+    let seed = seed_where(|s| {
+        p.draw(s, Op::CreateRecord, 0).timeout.is_none()
+            && p.draw(s, Op::UpdateRecordFields, 0).timeout == Some(Timeout::BeforeApplying)
+            && p.draw(s, Op::UpdateRecordFields, 1).timeout == Some(Timeout::AfterApplying)
+            && p.draw(s, Op::UpdateRecordFields, 2).timeout.is_none()
+            && p.draw(s, Op::UpdateRecordFields, 3).timeout.is_none()
+    });
+    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    let t0 = Instant::now();
+    let new_amount = AMOUNT + 1;
+    // Lost before applying: nothing written, no key stored.
+    assert_eq!(
+        s.update_record_fields(REC, INV, new_amount, 1, key(7)).await,
+        Err(SimError::Timeout)
+    );
+    assert_eq!(t0.elapsed(), p.timeout_after);
+    let truth = o.truth();
+    assert_eq!(
+        (truth.record(REC).unwrap().amount, truth.record(REC).unwrap().version),
+        (Some(AMOUNT), 1)
+    );
+    assert_eq!(truth.applied(Op::UpdateRecordFields, REC.0).applied, 0);
+    // Lost after applying: written, key stored.
+    assert_eq!(
+        s.update_record_fields(REC, INV, new_amount, 1, key(7)).await,
+        Err(SimError::Timeout)
+    );
+    let truth = o.truth();
+    assert_eq!(
+        (truth.record(REC).unwrap().amount, truth.record(REC).unwrap().version),
+        (Some(new_amount), 2)
+    );
+    assert_eq!(truth.applied(Op::UpdateRecordFields, REC.0).applied, 1);
+    let f = truth.faults();
+    assert_eq!((f.timeouts_before_applying, f.timeouts_after_applying), (1, 1));
+    // The same key again, with the now stale version: the stored answer,
+    // not a conflict and not a second write.
+    let r = s.update_record_fields(REC, INV, new_amount, 1, key(7)).await.unwrap();
+    assert_eq!((r.amount, r.version), (Some(new_amount), 2));
+    assert_eq!(o.truth().applied(Op::UpdateRecordFields, REC.0).applied, 1);
+    // Another record's update under that key is refused.
+    let err = s.update_record_fields(RecordId(6), INV, new_amount, 1, key(7)).await;
+    assert_eq!(err, Err(SimError::KeyReuse));
+}
+
+#[tokio::test(start_paused = true)]
+async fn update_record_fields_without_server_keys_applies_every_call() {
+    let cfg = SimConfig::new(42, FaultProfile::NONE).with_honour_keys(false);
+    let (s, o) = SimServer::new(cfg);
+    s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    s.update_record_fields(REC, INV, AMOUNT, 1, key(1)).await.unwrap();
+    // The same key is no protection, but the stale version is.
+    let err = s.update_record_fields(REC, INV, AMOUNT, 1, key(1)).await;
+    assert_eq!(err, Err(SimError::Conflict { expected: 1, actual: 2 }));
+    s.update_record_fields(REC, INV, AMOUNT, 2, key(1)).await.unwrap();
+    let truth = o.truth();
+    assert_eq!(truth.applied(Op::UpdateRecordFields, REC.0).full(), 2);
+    assert!(truth.has_duplicates());
+}
+
+#[tokio::test(start_paused = true)]
+async fn update_record_fields_hits_conflicts_and_missing_records() {
+    let p = FaultProfile { conflict: 0.5, ..FaultProfile::NONE };
+    let seed = seed_where(|s| {
+        p.draw(s, Op::UpdateRecordFields, 0).conflict
+            && !p.draw(s, Op::UpdateRecordFields, 1).conflict
+    });
+    // Call 0 draws a conflict, but there is no record to bump nor to update.
+    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    let err = s.update_record_fields(REC, INV, AMOUNT, 1, key(1)).await;
+    assert_eq!(err, Err(SimError::NotFound));
+    assert_eq!(o.truth().faults().conflicts, 0);
+    // The same seed with the record: the concurrent writer bumps it first.
+    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    let err = s.update_record_fields(REC, INV, AMOUNT + 1, 1, key(1)).await.unwrap_err();
+    assert_eq!(err, SimError::Conflict { expected: 1, actual: 2 });
+    let truth = o.truth();
+    let r = truth.record(REC).unwrap();
+    assert_eq!((r.amount, r.version), (Some(AMOUNT), 2));
+    assert_eq!(truth.faults().conflicts, 1);
+    assert_eq!(truth.applied(Op::UpdateRecordFields, REC.0).applied, 0);
+    // The rejected call stored no key: re-read, retry under the same key.
+    let fresh = s.get_record(REC).await.unwrap().unwrap();
+    let r = s.update_record_fields(REC, INV, AMOUNT + 1, fresh.version, key(1)).await.unwrap();
+    assert_eq!((r.amount, r.version, r.status), (Some(AMOUNT + 1), 3, RecordStatus::Draft));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delayed_repair_shows_the_partial_record_until_the_lag_ends() {
+    let p = FaultProfile { delayed_visibility: 0.5, partial_success: 0.5, ..FaultProfile::NONE }
+        .with_lag(2, Duration::from_millis(300));
+    let seed = seed_where(|s| {
+        let create = p.draw(s, Op::CreateRecord, 0);
+        let repair = p.draw(s, Op::UpdateRecordFields, 0);
+        create.partial && create.lag.is_none() && !repair.partial && repair.lag.is_some()
+    });
+    let lag = p.draw(seed, Op::UpdateRecordFields, 0).lag.unwrap();
+    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    s.create_record(REC, INV, AMOUNT, None).await.unwrap();
+    let t0 = Instant::now();
+    let r = s.update_record_fields(REC, INV, AMOUNT, 1, None).await.unwrap();
+    assert_eq!((r.amount, r.version), (Some(AMOUNT), 2));
+    assert_eq!(o.truth().record(REC).unwrap().amount, Some(AMOUNT), "the primary has it");
+    for _ in 0..lag.reads {
+        let seen = s.get_record(REC).await.unwrap().unwrap();
+        assert_eq!((seen.amount, seen.version), (None, 1), "stale: the partial record");
+    }
+    tokio::time::sleep_until(t0 + lag.time).await;
+    let seen = s.get_record(REC).await.unwrap().unwrap();
+    assert_eq!((seen.invoice_id, seen.amount, seen.version), (Some(INV), Some(AMOUNT), 2));
+    assert_eq!(o.truth().faults().delayed, 1);
+}
+
 // ---------------------------------------------------------------- with the engine
 
 #[tokio::test(start_paused = true)]
@@ -578,4 +789,5 @@ fn server_futures_are_send() {
     is_send(&s.send_welcome(C, None));
     is_send(&s.messages(C));
     is_send(&s.set_record_status(REC, RecordStatus::Recorded, 1, None));
+    is_send(&s.update_record_fields(REC, INV, AMOUNT, 1, None));
 }

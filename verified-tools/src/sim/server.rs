@@ -175,9 +175,13 @@ impl State {
                     s.write(Customer { version: s.current.version + 1, ..s.current }, None, now)
                 })
                 .is_some(),
-            Op::SetRecordStatus => find(&mut self.records, RecordId(target))
-                .map(|s| s.write(Record { version: s.current.version + 1, ..s.current }, None, now))
-                .is_some(),
+            Op::SetRecordStatus | Op::UpdateRecordFields => {
+                find(&mut self.records, RecordId(target))
+                    .map(|s| {
+                        s.write(Record { version: s.current.version + 1, ..s.current }, None, now)
+                    })
+                    .is_some()
+            }
             _ => false,
         }
     }
@@ -453,6 +457,57 @@ impl SimServer {
             let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
             check_version(expected_version, s.current.version)?;
             let new = Record { status, version: s.current.version + 1, ..s.current };
+            s.write(new, a.lag, a.now);
+            Ok(new)
+        });
+        self.answer(out).await
+    }
+
+    /// Fills in the record's required fields if it is at
+    /// `expected_version`: the repair of a partial
+    /// [`create_record`](Self::create_record), and the only way to complete
+    /// a record without creating it again.
+    ///
+    /// A keyed, compound, versioned write with the same faults as the
+    /// others, drawn from a stream of its own ([`Op::UpdateRecordFields`]):
+    /// a stale conflict rejects it, a partial success writes the invoice id
+    /// but not the amount (keeping the old one) and answers OK, a lag hides
+    /// it from reads, a timeout loses the answer before or after applying.
+    /// Status is untouched. In the [ground truth](super::GroundTruth) it is
+    /// an update: filling in a partial record is not a duplicate (the
+    /// record was created once), applying the full update twice is.
+    ///
+    /// ```
+    /// use verified_tools::sim::{FaultProfile, InvoiceId, RecordId, SimConfig, SimServer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let partial = FaultProfile { partial_success: 1.0, ..FaultProfile::NONE };
+    /// let (server, _) = SimServer::new(SimConfig::new(42, partial));
+    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None).await.unwrap();
+    /// assert_eq!((r.invoice_id, r.amount), (None, None)); // answered OK, without its fields
+    ///
+    /// let (server, oracle) = SimServer::new(SimConfig::new(42, FaultProfile::NONE));
+    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None).await.unwrap();
+    /// let r = server.update_record_fields(r.id, InvoiceId(77), 990, r.version, None).await.unwrap();
+    /// assert_eq!((r.invoice_id, r.amount, r.version), (Some(InvoiceId(77)), Some(990), 2));
+    /// assert!(!oracle.truth().has_duplicates());
+    /// # }
+    /// ```
+    pub async fn update_record_fields(
+        &self,
+        id: RecordId,
+        invoice_id: InvoiceId,
+        amount: u64,
+        expected_version: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Record, SimError> {
+        let out = self.write(Op::UpdateRecordFields, id.0, key, |st, a| {
+            let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
+            let old = s.current;
+            check_version(expected_version, old.version)?;
+            let amount = if a.partial { old.amount } else { Some(amount) };
+            let new =
+                Record { invoice_id: Some(invoice_id), amount, version: old.version + 1, ..old };
             s.write(new, a.lag, a.now);
             Ok(new)
         });

@@ -46,7 +46,10 @@ impl Effect {
     /// Whether these counts make the effect a duplicate: a creation applied
     /// more than once (two customers, two mails, two records, partial ones
     /// included), or an update applied in full more than once. Completing a
-    /// partial update with a second write is not a duplicate.
+    /// partial update with a second write is not a duplicate, nor is filling
+    /// in a partially created record with
+    /// [`update_record_fields`](super::SimServer::update_record_fields) (one
+    /// creation, one full update); applying that update in full twice is.
     pub const fn is_duplicate(self, count: EffectCount) -> bool {
         if self.creates() { count.applied > 1 } else { count.full() > 1 }
     }
