@@ -62,14 +62,16 @@ fn runtime() -> Runtime {
         .expect("current-thread runtime")
 }
 
-/// The default context: durable scope, default policies (30 s attempt timeout).
+/// No ledger (`Context::new` installs a `MemoryLedger`; the ledger variants
+/// add one back), durable scope, default policies (30 s attempt timeout).
 fn cx_default() -> Context {
-    Context::new("bench-agent").for_step("run-1", 1)
+    Context::new("bench-agent").without_ledger().for_step("run-1", 1)
 }
 
 /// The same with `attempt_timeout: None` for the Low class.
 fn cx_no_timeout() -> Context {
     Context::new("bench-agent")
+        .without_ledger()
         .with_policy(
             SideEffect::Low,
             RetryPolicy::for_class(SideEffect::Low).with_attempt_timeout(None),

@@ -13,15 +13,20 @@
 //!
 //! ```text
 //! key     = xxh3_128( "vtk1" ‖ str(agent) ‖ str(action) ‖ scope ‖ encoding(payload) )
-//! str(s)  = len(s) as u64 LE ‖ bytes of s
+//! str(s)  = len(s) as unsigned LEB128, shortest form ‖ UTF-8 bytes of s
 //! scope   = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE     (time bucket)
 //!         | 0x01 ‖ str(run) ‖ step as u64 LE                                 (durable identity)
 //! ```
 //!
+//! (LEB128: seven bits per byte, low group first, the high bit set on every
+//! byte but the last; a length below 128 is one byte.)
+//!
 //! `encoding(payload)` is the self-delimiting, type-tagged, little-endian
 //! encoding of the key-relevant arguments that the [`payload`] module
 //! documents, produced by a `serde::Serializer` that streams into the hasher.
-//! An explicit key ([`KeyScope::Explicit`]) is used as given.
+//! An explicit key ([`KeyScope::Explicit`]) is used as given; the payload
+//! fingerprint the ledger keeps with it is then xxh3-128 of
+//! `"vtk1" ‖ str(agent) ‖ str(action) ‖ 0x02 ‖ encoding(payload)`.
 
 pub mod payload;
 mod sink;
@@ -32,7 +37,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use sink::Sink;
+use payload::PayloadHasher;
 
 pub use payload::{KeyError, PayloadDigest, payload_digest};
 
@@ -82,6 +87,7 @@ impl IdempotencyKey {
     ///
     /// A derived key already commits to the payload, so it is its own
     /// fingerprint; an explicit key does not, so its payload is hashed.
+    #[inline]
     pub(crate) fn derive_with_fingerprint<P: Serialize + ?Sized>(
         agent: &str,
         action: &str,
@@ -89,33 +95,36 @@ impl IdempotencyKey {
         scope: &KeyScope,
         unix_ms: u64,
     ) -> Result<(Self, PayloadDigest), KeyError> {
-        let mut sink = Sink::new();
+        // Built in place and only borrowed from here on: moving the hasher
+        // would copy its stack window.
+        let mut h = PayloadHasher::new();
+        let sink = h.sink();
         sink.update(b"vtk1");
-        write_str(&mut sink, agent);
-        write_str(&mut sink, action);
+        sink.len_bytes(agent.as_bytes());
+        sink.len_bytes(action.as_bytes());
         match scope {
             KeyScope::Explicit(key) => {
                 // The explicit key commits to nothing, so the fingerprint must
                 // commit to everything: agent, action and payload. Another
                 // tool reusing the key is then a mismatch, not a replay.
-                sink.update(&[0x02]);
-                let fingerprint = payload::encode_into(sink, payload)?.digest128();
-                return Ok((*key, PayloadDigest::from_u128(fingerprint)));
+                sink.byte(0x02);
+                h.encode(payload)?;
+                return Ok((*key, PayloadDigest::from_u128(h.digest128())));
             }
             KeyScope::TimeBucket(width) => {
                 // A zero width would divide by zero; treat it as 1 ms buckets.
                 let width_ms = (width.as_millis() as u64).max(1);
-                sink.update(&[0x00]);
-                sink.update(&width_ms.to_le_bytes());
+                sink.tagged_fixed(0x00, width_ms.to_le_bytes());
                 sink.update(&(unix_ms / width_ms).to_le_bytes());
             }
             KeyScope::Durable { run, step } => {
-                sink.update(&[0x01]);
-                write_str(&mut sink, run);
+                sink.byte(0x01);
+                sink.len_bytes(run.as_bytes());
                 sink.update(&step.to_le_bytes());
             }
         }
-        let key = payload::encode_into(sink, payload)?.digest128();
+        h.encode(payload)?;
+        let key = h.digest128();
         Ok((Self(key), PayloadDigest::from_u128(key)))
     }
 
@@ -129,11 +138,6 @@ impl IdempotencyKey {
         }
         KeyHex(out)
     }
-}
-
-fn write_str(h: &mut Sink, s: &str) {
-    h.update(&(s.len() as u64).to_le_bytes());
-    h.update(s.as_bytes());
 }
 
 /// A key rendered as hex on the stack; see [`IdempotencyKey::to_hex`].

@@ -13,8 +13,24 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// Hand-written encoder of the documented format, independent of the
 /// serializer under test.
+///
+/// Unsigned LEB128, shortest form: seven bits per byte, low group first,
+/// continuation bit on every byte but the last.
+fn len_(out: &mut Vec<u8>, n: usize) {
+    let mut rest = n as u64;
+    loop {
+        let low = (rest & 0x7f) as u8;
+        rest >>= 7;
+        if rest == 0 {
+            out.push(low);
+            return;
+        }
+        out.push(low | 0x80);
+    }
+}
+
 fn str_(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    len_(out, s.len());
     out.extend_from_slice(s.as_bytes());
 }
 
@@ -80,7 +96,7 @@ fn map_is_the_sum_of_its_entry_digests() {
     string(&mut entry_b, "b");
     int(&mut entry_b, 2);
     let mut bytes = vec![0x10];
-    bytes.extend_from_slice(&2u64.to_le_bytes());
+    len_(&mut bytes, 2);
     let sum = xxh3_128(&entry_a).wrapping_add(xxh3_128(&entry_b));
     bytes.extend_from_slice(&sum.to_le_bytes());
 
@@ -88,6 +104,149 @@ fn map_is_the_sum_of_its_entry_digests() {
     let hash: HashMap<&str, u8> = [("b", 2), ("a", 1)].into();
     assert_eq!(payload_digest(&btree).unwrap().as_u128(), xxh3_128(&bytes));
     assert_eq!(payload_digest(&hash).unwrap(), payload_digest(&btree).unwrap());
+
+    // 130 entries: the count takes two LEB128 bytes.
+    let big: BTreeMap<u64, bool> = (0..130).map(|i| (i, i % 3 == 0)).collect();
+    let mut sum = 0u128;
+    for (k, v) in &big {
+        let mut entry = Vec::new();
+        int(&mut entry, *k as i64);
+        entry.extend_from_slice(&[0x01, u8::from(*v)]);
+        sum = sum.wrapping_add(xxh3_128(&entry));
+    }
+    let mut bytes = vec![0x10, 0x82, 0x01];
+    bytes.extend_from_slice(&sum.to_le_bytes());
+    assert_eq!(payload_digest(&big).unwrap().as_u128(), xxh3_128(&bytes));
+}
+
+#[test]
+fn lengths_are_shortest_leb128() {
+    // The helper itself, against bytes written out by hand.
+    for (n, bytes) in [
+        (0usize, &[0x00u8][..]),
+        (5, &[0x05]),
+        (127, &[0x7f]),
+        (128, &[0x80, 0x01]),
+        (200, &[0xc8, 0x01]),
+        (300, &[0xac, 0x02]),
+        (16_383, &[0xff, 0x7f]),
+        (16_384, &[0x80, 0x80, 0x01]),
+        (1 << 20, &[0x80, 0x80, 0x40]),
+    ] {
+        let mut out = Vec::new();
+        len_(&mut out, n);
+        assert_eq!(out, bytes, "len {n}");
+    }
+    // Strings and byte strings on both sides of the one-byte boundary and of
+    // the hasher's 256-byte stack window.
+    for n in [0, 1, 15, 16, 17, 127, 128, 129, 200, 253, 254, 255, 256, 300, 5000] {
+        let text = "é".repeat(n / 2) + &"x".repeat(n % 2);
+        assert_eq!(text.len(), n);
+        let mut bytes = Vec::new();
+        string(&mut bytes, &text);
+        assert_eq!(payload_digest(&text).unwrap().as_u128(), xxh3_128(&bytes), "str of {n}");
+
+        struct Raw<'a>(&'a [u8]);
+        impl Serialize for Raw<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        let mut bytes = vec![0x08];
+        len_(&mut bytes, n);
+        bytes.extend_from_slice(text.as_bytes());
+        let digest = payload_digest(&Raw(text.as_bytes())).unwrap();
+        assert_eq!(digest.as_u128(), xxh3_128(&bytes), "bytes of {n}");
+    }
+}
+
+#[test]
+fn floats_chars_and_options_match_the_documented_encoding() {
+    let payload = (
+        (1.5f64, -0.0f64, 0.0f32, -f64::NAN, -2.25f32),
+        'é',
+        Some(false),
+        None::<u8>,
+        (),
+        u64::MAX,
+    );
+    let mut bytes = vec![0x0E, 0x0E];
+    // f32 widened, -0.0 as 0.0, every NaN as the canonical one.
+    for f in [1.5f64, 0.0, 0.0, f64::NAN, -2.25] {
+        bytes.push(0x05);
+        bytes.extend_from_slice(&f.to_bits().to_le_bytes());
+    }
+    bytes.push(0xFF);
+    bytes.push(0x06);
+    bytes.extend_from_slice(&0xE9u32.to_le_bytes());
+    bytes.extend_from_slice(&[0x0A, 0x01, 0x00, 0x09, 0x0B]);
+    // u64 above i64::MAX: the i128 form.
+    bytes.push(0x03);
+    bytes.extend_from_slice(&u128::from(u64::MAX).to_le_bytes());
+    bytes.push(0xFF);
+    assert_eq!(payload_digest(&payload).unwrap().as_u128(), xxh3_128(&bytes));
+}
+
+#[derive(Serialize)]
+enum Command {
+    Stop,
+    Move(i32),
+    Pair(u8, bool),
+    Rename { from: String },
+}
+
+#[test]
+fn enum_variants_match_the_documented_encoding() {
+    let mut stop = vec![0x0C];
+    str_(&mut stop, "Stop");
+    assert_eq!(payload_digest(&Command::Stop).unwrap().as_u128(), xxh3_128(&stop));
+
+    let mut mv = vec![0x0D];
+    str_(&mut mv, "Move");
+    int(&mut mv, -3);
+    assert_eq!(payload_digest(&Command::Move(-3)).unwrap().as_u128(), xxh3_128(&mv));
+
+    let mut pair = vec![0x0F];
+    str_(&mut pair, "Pair");
+    pair.push(0x0E);
+    int(&mut pair, 9);
+    pair.extend_from_slice(&[0x01, 0x01, 0xFF]);
+    assert_eq!(payload_digest(&Command::Pair(9, true)).unwrap().as_u128(), xxh3_128(&pair));
+
+    let long = "n".repeat(130);
+    let mut rename = vec![0x12];
+    str_(&mut rename, "Rename");
+    string(&mut rename, "from");
+    string(&mut rename, &long);
+    rename.push(0xFF);
+    let digest = payload_digest(&Command::Rename { from: long }).unwrap();
+    assert_eq!(digest.as_u128(), xxh3_128(&rename));
+}
+
+/// A struct whose field name is longer than 127 bytes (two length bytes).
+struct LongField(u8);
+
+impl Serialize for LongField {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        const NAME: &str = "a_field_name_that_is_longer_than_one_hundred_and_twenty_seven_bytes_\
+                            so_that_its_length_takes_two_leb128_bytes_in_the_key_encoding";
+        let mut st = s.serialize_struct("LongField", 1)?;
+        st.serialize_field(NAME, &self.0)?;
+        st.end()
+    }
+}
+
+#[test]
+fn long_field_names_take_a_multi_byte_length() {
+    let name = "a_field_name_that_is_longer_than_one_hundred_and_twenty_seven_bytes_\
+                so_that_its_length_takes_two_leb128_bytes_in_the_key_encoding";
+    assert!(name.len() > 127);
+    let mut bytes = vec![0x11];
+    string(&mut bytes, name);
+    int(&mut bytes, 5);
+    bytes.push(0xFF);
+    assert_eq!(payload_digest(&LongField(5)).unwrap().as_u128(), xxh3_128(&bytes));
 }
 
 #[test]
@@ -123,6 +282,16 @@ fn key_matches_the_documented_framing() {
     let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &long_payload));
     let key = IdempotencyKey::derive("agent-a", "send_welcome", &(&long,), &scope, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
+
+    // Agent, action and run longer than 127 bytes: two-byte lengths.
+    let (agent, action, run) = ("a".repeat(128), "b".repeat(200), "r".repeat(300));
+    let scope = KeyScope::durable(run.as_str(), u64::MAX);
+    let mut scope_bytes = vec![0x01];
+    str_(&mut scope_bytes, &run);
+    scope_bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+    let expected = xxh3_128(&key_bytes(&agent, &action, &scope_bytes, &payload));
+    let key = IdempotencyKey::derive(&agent, &action, &(42u64,), &scope, 0).unwrap();
+    assert_eq!(key.as_u128(), expected);
 }
 
 /// Pinned values. If one of these changes, every key already sent to a
@@ -133,40 +302,49 @@ fn golden_vectors() {
     let durable = KeyScope::durable("run-1", 3);
     let bucket = KeyScope::TimeBucket(Duration::from_secs(300));
     let invoice = Invoice { invoice_id: 7, amount_cents: -1250, currency: "EUR", memo: Some("q3") };
-    let cases: [(IdempotencyKey, &str); 5] = [
-        (
-            IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &durable, 0).unwrap(),
-            GOLDEN[0],
-        ),
-        (
-            IdempotencyKey::derive(
-                "agent-a",
-                "send_welcome",
-                &(42u64,),
-                &bucket,
-                1_700_000_123_456,
-            )
-            .unwrap(),
-            GOLDEN[1],
-        ),
-        (
-            IdempotencyKey::derive("agent-a", "record_invoice", &invoice, &durable, 0).unwrap(),
-            GOLDEN[2],
-        ),
-        (IdempotencyKey::derive("", "", &(), &durable, 0).unwrap(), GOLDEN[3]),
-        (IdempotencyKey::derive("agent-a", "x", &("ab", "c"), &durable, 0).unwrap(), GOLDEN[4]),
+    let map: BTreeMap<&str, Vec<u8>> = [("b", vec![2, 3]), ("a", vec![1])].into();
+    let long = "z".repeat(300);
+    let derive = |agent: &str, action: &str, payload: &dyn erased::Payload, scope: &KeyScope| {
+        payload.derive(agent, action, scope, 1_700_000_123_456).to_string()
+    };
+    let actual = [
+        derive("agent-a", "send_welcome", &(42u64,), &durable),
+        derive("agent-a", "send_welcome", &(42u64,), &bucket),
+        derive("agent-a", "record_invoice", &invoice, &durable),
+        derive("", "", &(), &durable),
+        derive("agent-a", "x", &("ab", "c"), &durable),
+        derive("agent-a", "tag", &map, &durable),
+        derive("agent-a", "note", &(long.as_str(), 1.5f64, 'é'), &durable),
+        derive("agent-a", "command", &Command::Rename { from: "old".into() }, &durable),
     ];
-    for (i, (key, golden)) in cases.iter().enumerate() {
-        assert_eq!(key.to_string(), *golden, "golden vector {i}");
+    assert_eq!(actual, GOLDEN);
+}
+
+/// `derive` for payloads of different types in one array.
+mod erased {
+    use serde::Serialize;
+    use verified_tools::{IdempotencyKey, KeyScope};
+
+    pub trait Payload {
+        fn derive(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> IdempotencyKey;
+    }
+
+    impl<T: Serialize> Payload for T {
+        fn derive(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> IdempotencyKey {
+            IdempotencyKey::derive(agent, action, self, scope, ms).unwrap()
+        }
     }
 }
 
-const GOLDEN: [&str; 5] = [
-    "ad2098a5b21578aca3491116db125fcc",
-    "ea824c898158b8c5ea89578b73076098",
-    "e07676b26a110c02fd6611b0c6d10ad9",
-    "f83d21ca1aae2de3e977c0a24a4a9bc7",
-    "31a9ca8312255b41047a1ab47b676916",
+const GOLDEN: [&str; 8] = [
+    "ef605f39f411fe93515c2be533a0ec37",
+    "38ad689a549e85ea17e0fe1783c4130f",
+    "854c5c27cc0403b5b82d4f028f61a7f9",
+    "060f37d6e2cfe1a86ea3b1f6705235ba",
+    "58ef4d56e2b463b792b229d262e6703c",
+    "d1f1ad5c7b7c5a219adc5c0120d6162b",
+    "825c5a2a4b2ba3e904442e439ac32daf",
+    "20323d87530638941698e7905b3708a6",
 ];
 
 /// The default scope decides every macro tool's keys: it must not drift.

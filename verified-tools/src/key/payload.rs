@@ -1,13 +1,18 @@
 //! The payload hasher: a `serde::Serializer` that streams a canonical encoding
-//! of the key-relevant arguments into xxh3-128, with no intermediate buffer.
+//! of the key-relevant arguments into xxh3-128, with no heap buffer (a
+//! 256-byte stack window in front of the hasher).
 //!
 //! # Encoding (version 1)
 //!
 //! Every value starts with a one-byte tag and is self-delimiting, so the
-//! concatenation of values is unambiguous: `("ab", "c")` and `("a", "bc")`
-//! encode differently by construction. All numbers are little-endian.
+//! concatenation of values is unambiguous (no encoding is a prefix of
+//! another): `("ab", "c")` and `("a", "bc")` encode differently by
+//! construction. Fixed-width numbers are little-endian.
 //!
-//! Below, `str(s)` is `len(s) as u64 ‖ UTF-8 bytes of s`, with no tag.
+//! Below, `len(n)` is `n` as unsigned LEB128 in its shortest form (seven bits
+//! per byte, low group first, high bit set on every byte but the last: 0–127
+//! is one byte, 128 is `80 01`), and `str(s)` is `len(s.len()) ‖ UTF-8 bytes
+//! of s`, with no tag.
 //!
 //! | value | bytes |
 //! |---|---|
@@ -18,7 +23,7 @@
 //! | f32, f64 (f32 widened; -0.0 → 0.0; every NaN → the canonical NaN) | `05` ‖ f64 bits |
 //! | char | `06` ‖ u32 |
 //! | str | `07` ‖ str(s) |
-//! | bytes | `08` ‖ len u64 ‖ bytes |
+//! | bytes | `08` ‖ len(n) ‖ bytes |
 //! | None / Some(v) | `09` / `0A` ‖ v |
 //! | unit, unit struct | `0B` |
 //! | unit variant | `0C` ‖ str(variant) |
@@ -26,9 +31,14 @@
 //! | newtype variant | `0D` ‖ str(variant) ‖ value |
 //! | seq, tuple, tuple struct | `0E` ‖ values ‖ `FF` |
 //! | tuple variant | `0F` ‖ str(variant) ‖ `0E` ‖ values ‖ `FF` |
-//! | map | `10` ‖ count u64 ‖ Σ xxh3_128(key ‖ value) over entries (wrapping u128) |
+//! | map | `10` ‖ len(entries) ‖ Σ xxh3_128(key ‖ value) over entries (wrapping u128, LE) |
 //! | struct | `11` ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
 //! | struct variant | `12` ‖ str(variant) ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
+//!
+//! A field name is tagged like a string value, so it can never be read as
+//! the `FF` that ends the struct. Integers stay fixed-width: writing them is
+//! one store, and the few bytes a varint would save do not change the cost of
+//! hashing a small payload (xxh3 works in 16- and 32-byte rounds).
 //!
 //! Maps hash each entry on its own and add the digests, so a `HashMap` gives
 //! the same key whatever its iteration order (and the same as a `BTreeMap`
@@ -106,56 +116,64 @@ impl ser::Error for KeyError {
 /// assert_eq!(payload_digest(&7u8)?, payload_digest(&7i64)?);
 /// # Ok::<(), verified_tools::KeyError>(())
 /// ```
+#[inline]
 pub fn payload_digest<P: Serialize + ?Sized>(payload: &P) -> Result<PayloadDigest, KeyError> {
-    let mut h = PayloadHasher(Sink::new());
-    payload.serialize(&mut h)?;
-    Ok(PayloadDigest(h.0.digest128()))
+    let mut h = PayloadHasher::new();
+    h.encode(payload)?;
+    Ok(PayloadDigest(h.digest128()))
 }
 
-/// Appends the encoding of `payload` to `sink`.
-pub(crate) fn encode_into<P: Serialize + ?Sized>(
-    sink: Sink,
-    payload: &P,
-) -> Result<Sink, KeyError> {
-    let mut h = PayloadHasher(sink);
-    payload.serialize(&mut h)?;
-    Ok(h.0)
-}
-
-struct PayloadHasher(Sink);
+/// The serializer: the encoding's bytes go straight into a [`Sink`].
+///
+/// Built in place and only ever borrowed: moving it would copy the sink.
+pub(crate) struct PayloadHasher(Sink);
 
 impl PayloadHasher {
-    #[inline]
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        PayloadHasher(Sink::new())
+    }
+
+    /// The sink, for the framing that precedes the payload.
+    #[inline(always)]
+    pub(crate) fn sink(&mut self) -> &mut Sink {
+        &mut self.0
+    }
+
+    /// Appends the encoding of `payload`.
+    #[inline(always)]
+    pub(crate) fn encode<P: Serialize + ?Sized>(&mut self, payload: &P) -> Result<(), KeyError> {
+        payload.serialize(self)
+    }
+
+    /// xxh3-128 of everything written.
+    #[inline(always)]
+    pub(crate) fn digest128(&mut self) -> u128 {
+        self.0.digest128()
+    }
+
+    #[inline(always)]
     fn tag(&mut self, tag: u8) {
-        self.0.update(&[tag]);
+        self.0.byte(tag);
     }
 
-    #[inline]
-    fn tagged(&mut self, tag: u8, bytes: &[u8]) {
-        // One update instead of two: the tag and a value of up to 16 bytes.
-        let mut buf = [0u8; 17];
-        buf[0] = tag;
-        buf[1..=bytes.len()].copy_from_slice(bytes);
-        self.0.update(&buf[..=bytes.len()]);
+    /// A tag and a fixed-width value, in one write.
+    #[inline(always)]
+    fn tagged<const N: usize>(&mut self, tag: u8, bytes: [u8; N]) {
+        self.0.tagged_fixed(tag, bytes);
     }
 
-    #[inline]
-    fn str_body(&mut self, s: &[u8]) {
-        self.0.update(&(s.len() as u64).to_le_bytes());
-        self.0.update(s);
+    /// `tag ‖ str(name)`, for variant names.
+    #[inline(always)]
+    fn named(&mut self, tag: u8, name: &str) {
+        self.0.tagged_bytes(tag, name.as_bytes());
     }
 
-    #[inline]
-    fn string(&mut self, s: &str) {
-        self.tagged(STR, &(s.len() as u64).to_le_bytes());
-        self.0.update(s.as_bytes());
-    }
-
-    #[inline]
+    #[inline(always)]
     fn int(&mut self, v: i128) {
         match i64::try_from(v) {
-            Ok(small) => self.tagged(INT, &small.to_le_bytes()),
-            Err(_) => self.tagged(I128, &v.to_le_bytes()),
+            Ok(small) => self.tagged(INT, small.to_le_bytes()),
+            Err(_) => self.tagged(I128, v.to_le_bytes()),
         }
     }
 }
@@ -171,50 +189,63 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
     type SerializeStruct = Self;
     type SerializeStructVariant = Self;
 
+    #[inline]
     fn serialize_bool(self, v: bool) -> Result<(), KeyError> {
-        self.tagged(BOOL, &[v as u8]);
+        self.tagged(BOOL, [v as u8]);
         Ok(())
     }
+    #[inline]
     fn serialize_i8(self, v: i8) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_i16(self, v: i16) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_i32(self, v: i32) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_i64(self, v: i64) -> Result<(), KeyError> {
-        self.tagged(INT, &v.to_le_bytes());
+        self.tagged(INT, v.to_le_bytes());
         Ok(())
     }
+    #[inline]
     fn serialize_i128(self, v: i128) -> Result<(), KeyError> {
         self.int(v);
         Ok(())
     }
+    #[inline]
     fn serialize_u8(self, v: u8) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_u16(self, v: u16) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_u32(self, v: u32) -> Result<(), KeyError> {
         self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_u64(self, v: u64) -> Result<(), KeyError> {
         self.int(v.into());
         Ok(())
     }
+    #[inline]
     fn serialize_u128(self, v: u128) -> Result<(), KeyError> {
         match i128::try_from(v) {
             Ok(small) => self.int(small),
-            Err(_) => self.tagged(U128, &v.to_le_bytes()),
+            Err(_) => self.tagged(U128, v.to_le_bytes()),
         }
         Ok(())
     }
+    #[inline]
     fn serialize_f32(self, v: f32) -> Result<(), KeyError> {
         self.serialize_f64(v.into())
     }
+    #[inline]
     fn serialize_f64(self, v: f64) -> Result<(), KeyError> {
         let canonical = if v.is_nan() {
             f64::NAN
@@ -223,47 +254,54 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         } else {
             v
         };
-        self.tagged(FLOAT, &canonical.to_bits().to_le_bytes());
+        self.tagged(FLOAT, canonical.to_bits().to_le_bytes());
         Ok(())
     }
+    #[inline]
     fn serialize_char(self, v: char) -> Result<(), KeyError> {
-        self.tagged(CHAR, &u32::from(v).to_le_bytes());
+        self.tagged(CHAR, u32::from(v).to_le_bytes());
         Ok(())
     }
+    #[inline(always)]
     fn serialize_str(self, v: &str) -> Result<(), KeyError> {
-        self.string(v);
+        self.0.tagged_bytes(STR, v.as_bytes());
         Ok(())
     }
+    #[inline]
     fn serialize_bytes(self, v: &[u8]) -> Result<(), KeyError> {
-        self.tagged(BYTES, &(v.len() as u64).to_le_bytes());
-        self.0.update(v);
+        self.0.tagged_bytes(BYTES, v);
         Ok(())
     }
+    #[inline]
     fn serialize_none(self) -> Result<(), KeyError> {
         self.tag(NONE);
         Ok(())
     }
+    #[inline]
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), KeyError> {
         self.tag(SOME);
         value.serialize(self)
     }
+    #[inline]
     fn serialize_unit(self) -> Result<(), KeyError> {
         self.tag(UNIT);
         Ok(())
     }
+    #[inline]
     fn serialize_unit_struct(self, _name: &'static str) -> Result<(), KeyError> {
         self.serialize_unit()
     }
+    #[inline]
     fn serialize_unit_variant(
         self,
         _name: &'static str,
         _index: u32,
         variant: &'static str,
     ) -> Result<(), KeyError> {
-        self.tag(UNIT_VARIANT);
-        self.str_body(variant.as_bytes());
+        self.named(UNIT_VARIANT, variant);
         Ok(())
     }
+    #[inline]
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
         _name: &'static str,
@@ -271,6 +309,7 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
     ) -> Result<(), KeyError> {
         value.serialize(self)
     }
+    #[inline]
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
         _name: &'static str,
@@ -278,22 +317,25 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         variant: &'static str,
         value: &T,
     ) -> Result<(), KeyError> {
-        self.tag(NEWTYPE_VARIANT);
-        self.str_body(variant.as_bytes());
+        self.named(NEWTYPE_VARIANT, variant);
         value.serialize(self)
     }
+    #[inline]
     fn serialize_seq(self, _len: Option<usize>) -> Result<Self, KeyError> {
         // The terminator, not a length, delimits a sequence, so sequences of
         // unknown length encode like the others.
         self.tag(SEQ);
         Ok(self)
     }
+    #[inline]
     fn serialize_tuple(self, len: usize) -> Result<Self, KeyError> {
         self.serialize_seq(Some(len))
     }
+    #[inline]
     fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Self, KeyError> {
         self.serialize_seq(Some(len))
     }
+    #[inline]
     fn serialize_tuple_variant(
         self,
         _name: &'static str,
@@ -301,18 +343,20 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self, KeyError> {
-        self.tag(TUPLE_VARIANT);
-        self.str_body(variant.as_bytes());
+        self.named(TUPLE_VARIANT, variant);
         self.tag(SEQ);
         Ok(self)
     }
+    #[inline]
     fn serialize_map(self, _len: Option<usize>) -> Result<MapHasher<'a>, KeyError> {
-        Ok(MapHasher { outer: self, entry: None, sum: 0, count: 0 })
+        Ok(MapHasher { outer: self, entry: PayloadHasher::new(), open: false, sum: 0, count: 0 })
     }
+    #[inline]
     fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, KeyError> {
         self.tag(STRUCT);
         Ok(self)
     }
+    #[inline]
     fn serialize_struct_variant(
         self,
         _name: &'static str,
@@ -320,10 +364,10 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self, KeyError> {
-        self.tag(STRUCT_VARIANT);
-        self.str_body(variant.as_bytes());
+        self.named(STRUCT_VARIANT, variant);
         Ok(self)
     }
+    #[inline]
     fn is_human_readable(&self) -> bool {
         // Types such as IP addresses then serialize as their text form, which
         // is stable across serde versions.
@@ -336,9 +380,11 @@ macro_rules! seq_like {
         impl ser::$trait for &mut PayloadHasher {
             type Ok = ();
             type Error = KeyError;
+            #[inline]
             fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
                 value.serialize(&mut **self)
             }
+            #[inline]
             fn end(self) -> Result<(), KeyError> {
                 self.tag(END);
                 Ok(())
@@ -358,15 +404,20 @@ macro_rules! struct_like {
         impl ser::$trait for &mut PayloadHasher {
             type Ok = ();
             type Error = KeyError;
+            // Always: the field name is then a constant at its call site in
+            // the derived impl, and tag, length and name become a few stores.
+            #[inline(always)]
             fn serialize_field<T: Serialize + ?Sized>(
                 &mut self,
                 key: &'static str,
                 value: &T,
             ) -> Result<(), KeyError> {
-                // Tagged, so that a name can never be read as the END byte.
-                self.string(key);
+                // Tagged, so that a name can never be read as the END byte;
+                // tag, length and a short name are one write.
+                self.0.tagged_bytes(STR, key.as_bytes());
                 value.serialize(&mut **self)
             }
+            #[inline]
             fn end(self) -> Result<(), KeyError> {
                 self.tag(END);
                 Ok(())
@@ -380,7 +431,10 @@ struct_like!(SerializeStruct, SerializeStructVariant);
 #[doc(hidden)]
 pub struct MapHasher<'a> {
     outer: &'a mut PayloadHasher,
-    entry: Option<PayloadHasher>,
+    /// The current entry's hasher, reused (not moved) for every entry.
+    entry: PayloadHasher,
+    /// A key has been written and its value not yet.
+    open: bool,
     sum: u128,
     count: u64,
 }
@@ -389,30 +443,37 @@ impl ser::SerializeMap for MapHasher<'_> {
     type Ok = ();
     type Error = KeyError;
 
+    #[inline]
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), KeyError> {
-        let entry = self.entry.insert(PayloadHasher(Sink::new()));
-        key.serialize(entry)
+        if self.open {
+            return Err(ser::Error::custom("map key serialized without a value"));
+        }
+        self.entry.0.reset();
+        self.open = true;
+        key.serialize(&mut self.entry)
     }
 
+    #[inline]
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
-        let Some(mut entry) = self.entry.take() else {
+        if !self.open {
             return Err(ser::Error::custom("map value serialized before its key"));
-        };
-        value.serialize(&mut entry)?;
-        self.sum = self.sum.wrapping_add(entry.0.digest128());
+        }
+        value.serialize(&mut self.entry)?;
+        self.open = false;
+        self.sum = self.sum.wrapping_add(self.entry.digest128());
         self.count += 1;
         Ok(())
     }
 
+    #[inline]
     fn end(self) -> Result<(), KeyError> {
-        if self.entry.is_some() {
+        if self.open {
             return Err(ser::Error::custom("map key serialized without a value"));
         }
-        let mut buf = [0u8; 25];
-        buf[0] = MAP;
-        buf[1..9].copy_from_slice(&self.count.to_le_bytes());
-        buf[9..].copy_from_slice(&self.sum.to_le_bytes());
-        self.outer.0.update(&buf);
+        let sink = self.outer.sink();
+        sink.byte(MAP);
+        sink.varint(self.count);
+        sink.update(&self.sum.to_le_bytes());
         Ok(())
     }
 }
