@@ -5,8 +5,9 @@
 //! side-effect class, no verifier) called with a 5-field argument struct:
 //!
 //! - `raw`: the async fn alone: the physical floor;
-//! - `raw_digest`: the raw fn plus one `payload_digest` of the same arguments:
-//!   the floor of any keyed call;
+//! - `raw_key`: the raw fn plus one key derivation (`IdempotencyKey::derive`,
+//!   the same agent, action, scope and arguments the engine hashes): the floor
+//!   of any keyed call;
 //! - `backon`: the raw fn wrapped in `backon`'s `.retry(ExponentialBuilder::default())`,
 //!   the peer a Rust user picks today;
 //! - `wrapped/...`: `engine::call` (what `#[verified_tool]` expands to) with a
@@ -30,9 +31,10 @@ use backon::{ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde::Serialize;
 use tokio::runtime::Runtime;
-use verified_tools::key::payload_digest;
 use verified_tools::ledger::MemoryLedger;
-use verified_tools::{Context, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine};
+use verified_tools::{
+    Context, IdempotencyKey, KeyScope, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine,
+};
 
 static SAVE_DRAFT: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
 
@@ -107,12 +109,13 @@ fn success_path(c: &mut Criterion) {
         b.iter_custom(|iters| timed!(rt, iters, |i| save_draft(&draft(i)).await))
     });
 
-    g.bench_function("raw_digest", |b| {
+    let scope = KeyScope::durable("run-1", 1);
+    g.bench_function("raw_key", |b| {
         b.iter_custom(|iters| {
             timed!(rt, iters, |i| {
                 let args = draft(i);
-                let digest = payload_digest(&args);
-                (digest, save_draft(&args).await)
+                let key = IdempotencyKey::derive("bench-agent", "save_draft", &args, &scope, 0);
+                (key, save_draft(&args).await)
             })
         })
     });

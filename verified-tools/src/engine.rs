@@ -31,8 +31,8 @@ use crate::audit::{AuditEvent, CallState};
 use crate::escalation::Ticket;
 use crate::ledger::{Begin, Finish, Ledger};
 use crate::{
-    CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Mode, Proof,
-    RetryPolicy, SideEffect, ToolResult, ToolSpec, UnknownReason, Verdict,
+    CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Mode, PayloadDigest,
+    Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, UnknownReason, Verdict,
 };
 
 /// The verifier type of a tool that has none; see [`no_verifier`].
@@ -129,7 +129,7 @@ struct Call<'a, D, V> {
     verify: Option<V>,
 }
 
-impl<D, V> Call<'_, D, V> {
+impl<'a, D, V> Call<'a, D, V> {
     async fn run<T, E, P, DF, VF>(&mut self, payload: &P) -> ToolResult<T, E>
     where
         T: Clone + Send + Sync + 'static,
@@ -140,23 +140,33 @@ impl<D, V> Call<'_, D, V> {
         V: FnMut() -> VF,
         VF: Future<Output = Verdict<T>>,
     {
-        let mut phase = match self.plan(payload).await {
-            Ok(phase) => phase,
+        let digest = match self.derive(payload) {
+            Ok(digest) => digest,
             Err(refused) => return refused,
+        };
+        // Reads are not recorded: replaying an old read would be a stale read.
+        let recorded = self.spec.side_effect != SideEffect::None;
+        let mut phase = match self.cx.ledger.as_deref().filter(|_| recorded) {
+            Some(ledger) => match self.claim(ledger, digest).await {
+                Ok(phase) => phase,
+                Err(refused) => return refused,
+            },
+            None => Phase::Dispatch,
         };
         loop {
             phase = match phase {
                 Phase::Dispatch => self.dispatch().await,
-                Phase::Verify { cause } => self.verify(cause).await,
+                // Boxed: only failures verify, and the verifier's future would
+                // otherwise make every call's future larger.
+                Phase::Verify { cause } => Box::pin(self.verify(cause)).await,
                 Phase::Done(result) => return result,
             };
         }
     }
 
-    /// Derives the key once for the whole logical call and consults the ledger.
-    async fn plan<T, E, P>(&mut self, payload: &P) -> Result<Phase<T, E>, ToolResult<T, E>>
+    /// Derives the key, once for the whole logical call.
+    fn derive<T, E, P>(&mut self, payload: &P) -> Result<PayloadDigest, ToolResult<T, E>>
     where
-        T: Clone + Send + Sync + 'static,
         P: Serialize + ?Sized,
     {
         let cx = self.cx;
@@ -172,12 +182,21 @@ impl<D, V> Call<'_, D, V> {
                 .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
         self.key = Some(key);
         self.audit(CallState::Planned, None, None, None);
+        Ok(digest)
+    }
 
-        // Reads are not recorded: replaying an old read would be a stale read.
-        let recorded = self.spec.side_effect != SideEffect::None;
-        let Some(ledger) = cx.ledger.as_deref().filter(|_| recorded) else {
-            return Ok(Phase::Dispatch);
-        };
+    /// Claims the key in the ledger: a repeat returns the recorded outcome, a
+    /// call in doubt is verified first, a call in flight is waited for.
+    async fn claim<'l, T, E>(
+        &mut self,
+        ledger: &'l dyn Ledger,
+        digest: PayloadDigest,
+    ) -> Result<Phase<T, E>, ToolResult<T, E>>
+    where
+        'l: 'a,
+        T: Clone + Send + Sync + 'static,
+    {
+        let (cx, tool, key) = (self.cx, self.spec.name, self.key());
         let mut waited = Duration::ZERO;
         loop {
             let begin = ledger
@@ -234,10 +253,16 @@ impl<D, V> Call<'_, D, V> {
             claim.dispatched = true;
         }
         self.audit(CallState::Dispatched, None, None, None);
-        let attempt = (self.dispatch)(key);
-        let outcome = match self.policy.attempt_timeout {
-            Some(limit) => timeout(limit, attempt).await.map_err(|_| Cause::TimedOut(limit)),
-            None => Ok(attempt.await),
+        let mut attempt = std::pin::pin!((self.dispatch)(key));
+        // A tool that answers on its first poll never arms the timer (nor
+        // reads the clock): the common case pays nothing for the timeout.
+        let first = std::future::poll_fn(|task| Poll::Ready(attempt.as_mut().poll(task))).await;
+        let outcome = match (first, self.policy.attempt_timeout) {
+            (Poll::Ready(answer), _) => Ok(answer),
+            (Poll::Pending, Some(limit)) => {
+                timeout(limit, attempt).await.map_err(|_| Cause::TimedOut(limit))
+            }
+            (Poll::Pending, None) => Ok(attempt.await),
         };
         let cause = match outcome {
             Ok(Ok(value)) => {
@@ -432,6 +457,7 @@ impl<D, V> Call<'_, D, V> {
         }
     }
 
+    #[inline]
     fn audit(
         &self,
         state: CallState,
@@ -439,7 +465,20 @@ impl<D, V> Call<'_, D, V> {
         error: Option<ErrorClass>,
         detail: Option<&'static str>,
     ) {
-        let Some(sink) = &self.cx.audit else { return };
+        if let Some(sink) = &self.cx.audit {
+            self.record(&**sink, state, verdict, error, detail);
+        }
+    }
+
+    #[inline(never)]
+    fn record(
+        &self,
+        sink: &dyn crate::audit::AuditSink,
+        state: CallState,
+        verdict: Option<Verdict>,
+        error: Option<ErrorClass>,
+        detail: Option<&'static str>,
+    ) {
         sink.record(&AuditEvent {
             key: self.key,
             tool: self.spec.name,
