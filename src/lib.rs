@@ -10,7 +10,26 @@
 //! - [`experiment`]: methods, the grid of episodes, scored on ground truth;
 //! - [`report`]: the table, the JSON cells and Figure 2 as SVG.
 //!
-//! `cargo run --release --example agent` runs the whole grid.
+//! `cargo run --release --example agent` runs the whole grid. One episode:
+//!
+//! ```
+//! use verified_tools::sim::{FaultLevel, TaskKind};
+//! use verified_tools_suite::experiment::{EpisodeSpec, Method, Settings, run_episode};
+//!
+//! let seed = 42;
+//! let spec = EpisodeSpec {
+//!     task: TaskKind::ActivateCustomer.instance(seed),
+//!     profile: FaultLevel::Extreme.profile(),
+//!     seed,
+//!     method: Method::VerifyBeforeRetry,
+//!     settings: Settings::default(),
+//! };
+//! let episode = run_episode(&spec);
+//! // Whatever the faults did, the agent never claims a success the ground
+//! // truth denies, and no effect is applied twice.
+//! assert!(!episode.claimed || episode.success);
+//! assert!(!episode.duplicate);
+//! ```
 #![warn(missing_docs)]
 
 pub mod agent;
