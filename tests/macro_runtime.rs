@@ -103,6 +103,23 @@ async fn activate_3(svc: &Service, customer: u64, key: IdempotencyKey) -> Result
     svc.activate(key, customer).await
 }
 
+/// Same as `activate`, verified by asking the service about the request's
+/// key (`verify_key = true`: the verifier gets the key as its last argument).
+#[verified_tool(side_effect = "high", verify = applied_by_key, verify_key = true, skip(svc))]
+async fn activate_by_key(
+    svc: &Service,
+    customer: u64,
+    key: IdempotencyKey,
+) -> Result<u64, SvcError> {
+    svc.activate(key, customer).await
+}
+
+async fn applied_by_key(svc: &Service, _customer: &u64, key: IdempotencyKey) -> Verdict<u64> {
+    svc.verifier_reads.fetch_add(1, Ordering::SeqCst);
+    let applied = svc.applied.lock().unwrap();
+    applied.iter().find(|(k, _)| *k == key).map(|(_, c)| *c).into()
+}
+
 /// Same as `activate`, with a secret token and a label in the key.
 #[verified_tool(
     side_effect = "high",
@@ -364,4 +381,22 @@ fn the_descriptor_lists_the_tool() {
     static REGISTRY: [&verified_tools::ToolSpec; 3] = [activate_spec(), draft_spec(), count_spec()];
     let names: Vec<_> = REGISTRY.iter().map(|s| s.name).collect();
     assert_eq!(names, ["activate", "draft", "count"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_key_hands_the_call_s_key_to_the_verifier() {
+    // Applied, answer lost: the verifier finds the request by its key.
+    let svc = Service::with_faults(&[Fault::TimeoutAfterApply]);
+    let result = activate_by_key(&context(), &svc, 7).await;
+    assert!(matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }));
+    assert_eq!(svc.dispatch_keys().len(), 1);
+
+    // Lost before applying: no request with that key, so one retry, same key.
+    let svc = Service::with_faults(&[Fault::TimeoutBeforeApply]);
+    let result = activate_by_key(&context(), &svc, 7).await;
+    assert!(result.is_success(), "{result:?}");
+    let keys = svc.dispatch_keys();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
 }

@@ -77,7 +77,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
 
     let dispatch = dispatch(tool);
     let verify = match &tool.verify {
-        Some(path) => verifier(&tool.func, path, ok),
+        Some(path) => verifier(&tool.func, path, ok, tool.verify_key),
         None => quote!(::verified_tools::engine::no_verifier()),
     };
     // The engine's bounds (`E: Classify`, `T: Clone + Send + Sync + 'static`)
@@ -257,7 +257,12 @@ fn dispatch(tool: &Tool) -> TokenStream {
 
 /// The verifier closure, its call spanned on the user's `verify = path` so a
 /// signature mismatch, or a verdict of the wrong type, is reported there.
-pub(crate) fn verifier(func: &ToolFn, path: &syn::Path, ok: &syn::Type) -> TokenStream {
+pub(crate) fn verifier(
+    func: &ToolFn,
+    path: &syn::Path,
+    ok: &syn::Type,
+    with_key: bool,
+) -> TokenStream {
     let span = path.span();
     let is_method = func.receiver.is_some();
     let callee = if is_method && path.leading_colon.is_none() && path.segments.len() == 1 {
@@ -277,12 +282,14 @@ pub(crate) fn verifier(func: &ToolFn, path: &syn::Path, ok: &syn::Type) -> Token
     // Mixed-site hygiene, located at the path: errors on `__vt_read.await`
     // point at the user's path.
     let read = Ident::new("__vt_read", Span::mixed_site().located_at(span));
-    let call = quote_spanned!(span=> #callee(#receiver #(#args),*));
+    let key = Ident::new("__vt_key", Span::mixed_site());
+    let key_arg = with_key.then(|| quote_spanned!(span=> , #key));
+    let call = quote_spanned!(span=> #callee(#receiver #(#args),* #key_arg));
     let ok = respan(quote!(#ok), span);
     let seen = Ident::new("__vt_seen", span);
     let verdict = quote_spanned!(span=> ::verified_tools::IntoVerdict::<#ok>::into_verdict(#seen));
     quote! {
-        ::core::option::Option::Some(|| {
+        ::core::option::Option::Some(|#key: ::verified_tools::IdempotencyKey| {
             let #read = #call;
             async move {
                 let #seen = #read.await;

@@ -11,7 +11,7 @@ use crate::validate;
 
 /// A stub of the entry point when the signature allows one, else the
 /// function as written; and a placeholder descriptor in both cases.
-pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>) -> TokenStream {
+pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool) -> TokenStream {
     let item = &func.item;
     let name = item.sig.ident.to_string();
     let spec = quote!(::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::High));
@@ -30,7 +30,7 @@ pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>) -> TokenStream {
     // Keep the verifier and the key type used, so that they add no
     // "never used" warnings to the error.
     let verifier = verify.map(|path| {
-        let closure = expand::verifier(func, path, ok);
+        let closure = expand::verifier(func, path, ok, verify_key);
         quote!(let _ = #closure;)
     });
     let key_ty = func.params.iter().find(|p| p.is_key).map(|p| {

@@ -30,6 +30,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "skip",
     "secret",
     "verify_response",
+    "verify_key",
     "send",
 ];
 
@@ -101,6 +102,7 @@ pub(crate) struct Args {
     pub skip: Option<NameList>,
     pub secret: Option<NameList>,
     pub verify_response: Option<LitBool>,
+    pub verify_key: Option<LitBool>,
     pub send: Option<LitBool>,
 }
 
@@ -274,11 +276,12 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                     args.secret = list;
                 }
             }
-            "verify_response" | "send" => {
+            "verify_response" | "verify_key" | "send" => {
                 let example = format!("{name} = true");
                 if let Some(tokens) = eq_value(&key, value, &example, cx) {
                     match syn::parse2::<LitBool>(tokens.clone()) {
                         Ok(lit) if name == "send" => args.send = Some(lit),
+                        Ok(lit) if name == "verify_key" => args.verify_key = Some(lit),
                         Ok(lit) => args.verify_response = Some(lit),
                         Err(_) => cx.error_spanned(
                             tokens,

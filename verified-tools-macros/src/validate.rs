@@ -20,6 +20,8 @@ pub(crate) struct Tool {
     pub timeout_ms: Option<u64>,
     pub bucket_ms: Option<u64>,
     pub verify_response: Option<bool>,
+    /// The verifier also receives the call's key, as its last argument.
+    pub verify_key: bool,
     pub send: bool,
     /// Per parameter of `func.params`: left out of the key and the audit.
     pub skipped: Vec<bool>,
@@ -67,6 +69,13 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
              or remove `verify_response`",
         );
     }
+    if let (Some(lit), None) = (&args.verify_key, &args.verify) {
+        cx.error(
+            lit.span,
+            "`verify_key` passes the key to a verifier: add `verify = check_fn` \
+             or remove `verify_key`",
+        );
+    }
     signature(&func, cx);
     let skipped = names(&func, args.skip.as_ref(), "skip", cx);
     let secret = names(&func, args.secret.as_ref(), "secret", cx);
@@ -99,6 +108,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             timeout_ms: args.timeout.map(|d| d.millis),
             bucket_ms: args.bucket.map(|d| d.millis),
             verify_response: args.verify_response.map(|l| l.value),
+            verify_key: args.verify_key.is_some_and(|l| l.value),
             send: args.send.is_some_and(|l| l.value),
             skipped,
             secret,

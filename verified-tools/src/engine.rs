@@ -36,7 +36,7 @@ use crate::{
 };
 
 /// The verifier type of a tool that has none; see [`no_verifier`].
-pub type NoVerifier<T> = fn() -> std::future::Ready<Verdict<T>>;
+pub type NoVerifier<T> = fn(IdempotencyKey) -> std::future::Ready<Verdict<T>>;
 
 /// `None`, typed as a verifier, for tools without one.
 pub const fn no_verifier<T>() -> Option<NoVerifier<T>> {
@@ -48,7 +48,8 @@ pub const fn no_verifier<T>() -> Option<NoVerifier<T>> {
 /// `payload` is what the key is derived from (the tool's key-relevant
 /// arguments); `audit_args` is what the audit and escalation tickets show
 /// (secrets redacted). `dispatch` performs one attempt with the call's key;
-/// `verify` reads the postcondition. This is what `#[verified_tool]`
+/// `verify` reads the postcondition (it gets the key as well, for services
+/// that answer "what became of the request with this key"). This is what `#[verified_tool]`
 /// generates a call to; it can be used by hand as well.
 ///
 /// ```
@@ -63,7 +64,7 @@ pub const fn no_verifier<T>() -> Option<NoVerifier<T>> {
 /// let result: ToolResult<u32, io::Error> = engine::call(
 ///     &cx, &SEND, &("bob",), &("bob",),
 ///     |_key| { attempts += 1; async { Err(io::ErrorKind::TimedOut.into()) } },
-///     Some(|| async { Verdict::Holds(7) }),
+///     Some(|_key| async { Verdict::Holds(7) }),
 /// ).await;
 /// // The response was lost, the verifier saw the effect: no retry.
 /// assert!(matches!(result, ToolResult::Success { value: 7, .. }));
@@ -85,7 +86,7 @@ where
     A: Serialize + ?Sized,
     D: FnMut(IdempotencyKey) -> DF,
     DF: Future<Output = Result<T, E>>,
-    V: FnMut() -> VF,
+    V: FnMut(IdempotencyKey) -> VF,
     VF: Future<Output = Verdict<T>>,
 {
     let policy = cx.policy_for(spec);
@@ -137,7 +138,7 @@ impl<'a, D, V> Call<'a, D, V> {
         P: Serialize + ?Sized,
         D: FnMut(IdempotencyKey) -> DF,
         DF: Future<Output = Result<T, E>>,
-        V: FnMut() -> VF,
+        V: FnMut(IdempotencyKey) -> VF,
         VF: Future<Output = Verdict<T>>,
     {
         let digest = match self.derive(payload) {
@@ -245,7 +246,7 @@ impl<'a, D, V> Call<'a, D, V> {
         E: Classify,
         D: FnMut(IdempotencyKey) -> DF,
         DF: Future<Output = Result<T, E>>,
-        V: FnMut() -> VF,
+        V: FnMut(IdempotencyKey) -> VF,
     {
         let key = self.key();
         self.attempts += 1;
@@ -317,7 +318,7 @@ impl<'a, D, V> Call<'a, D, V> {
     /// budget runs out.
     async fn verify<T, E, VF>(&mut self, cause: Cause<E>) -> Phase<T, E>
     where
-        V: FnMut() -> VF,
+        V: FnMut(IdempotencyKey) -> VF,
         VF: Future<Output = Verdict<T>>,
     {
         let key = self.key();
@@ -405,13 +406,14 @@ impl<'a, D, V> Call<'a, D, V> {
     /// One verifier read: a panic, a timeout or a failed read is `Unknown`.
     async fn read_verifier<T, VF>(&mut self) -> Verdict<T>
     where
-        V: FnMut() -> VF,
+        V: FnMut(IdempotencyKey) -> VF,
         VF: Future<Output = Verdict<T>>,
     {
+        let key = self.key();
         let Some(verify) = self.verify.as_mut() else {
             return Verdict::Unknown;
         };
-        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(verify)) else {
+        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(|| verify(key))) else {
             return Verdict::Unknown;
         };
         let guarded = catch_unwind(read);

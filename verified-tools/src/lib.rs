@@ -41,7 +41,7 @@
 //!             if first { Err(io::ErrorKind::TimedOut.into()) } else { Ok(()) }
 //!         }
 //!     },
-//!     Some(|| async { if applied { Verdict::Holds(()) } else { Verdict::Absent } }),
+//!     Some(|_key| async { if applied { Verdict::Holds(()) } else { Verdict::Absent } }),
 //! ).await;
 //! // The verifier said Absent, so exactly one retry was sent.
 //! assert!(result.is_success());

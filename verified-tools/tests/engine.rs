@@ -29,7 +29,7 @@ async fn run(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
         &(42u64,),
         &(42u64,),
         move |key| fake.send(key),
-        Some(move || fake.check()),
+        Some(move |_| fake.check()),
     )
     .await
 }
@@ -256,7 +256,7 @@ async fn unserializable_payload_is_refused_before_dispatch() {
     }
     let fake = Fake::new(&[], &[]);
     let r: Out =
-        engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|| fake.check())).await;
+        engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|_| fake.check())).await;
     let ToolResult::Refused(CallError::Payload { tool: "send_welcome", .. }) = &r else {
         panic!("{r:?}")
     };
@@ -288,7 +288,7 @@ async fn explicit_key_reused_with_another_payload_is_rejected_by_name() {
     let fake = Fake::new(&[], &[]);
     assert!(run(&cx, &HIGH, &fake).await.is_success());
     let r: Out =
-        engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|| fake.check())).await;
+        engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|_| fake.check())).await;
     let ToolResult::Refused(err @ CallError::KeyReuse { .. }) = &r else { panic!("{r:?}") };
     assert!(err.to_string().contains(&key.to_string()), "{err}");
     assert_eq!(fake.dispatches().len(), 1);

@@ -81,7 +81,7 @@ fn run(case: &Case) -> (ToolResult<u32, fake::FakeError>, Fake) {
         &(7u64,),
         &(),
         |key| fake.send(key),
-        Some(|| fake.check()),
+        Some(|_| fake.check()),
     ));
     (result, fake)
 }

@@ -760,7 +760,7 @@ async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
                 let s = Arc::clone(&s);
                 async move { s.send_welcome(C, Some(key)).await.map(|_| ()) }
             },
-            Some(|| {
+            Some(|_key| {
                 let s = Arc::clone(&s);
                 async move {
                     match s.count_messages(C).await {
