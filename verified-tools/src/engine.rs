@@ -29,7 +29,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::audit::{AuditEvent, CallState};
 use crate::escalation::Ticket;
-use crate::ledger::{Begin, Finish, Ledger};
+use crate::ledger::{Begin, Doubt, Finish, Hold, Ledger};
 use crate::{
     CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Mode, PayloadDigest,
     Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, UnknownReason, Verdict,
@@ -204,17 +204,15 @@ impl<'a, D, V> Call<'a, D, V> {
                 .begin(key, digest)
                 .map_err(|e| ToolResult::Refused(CallError::Ledger { tool, key, message: e.0 }))?;
             match begin {
-                Begin::Claimed => {
-                    self.claim = Some(Claim { ledger, key, dispatched: false });
+                Begin::Claimed(hold) => {
+                    self.claim = Some(Claim { ledger, key, hold, doubt: Doubt::default() });
                     return Ok(Phase::Dispatch);
                 }
-                Begin::Resume => {
-                    // The earlier call may have applied the effect: look first.
-                    self.claim = Some(Claim { ledger, key, dispatched: true });
-                    return Ok(match self.verify {
-                        Some(_) => Phase::Verify { cause: Cause::Interrupted },
-                        None => Phase::Dispatch,
-                    });
+                Begin::Resume(hold, doubt) => {
+                    // The budget is per logical call: earlier attempts count.
+                    self.attempts = doubt.attempts;
+                    self.claim = Some(Claim { ledger, key, hold, doubt });
+                    return Ok(self.resume(doubt));
                 }
                 Begin::Completed(stored) => {
                     return match stored.downcast_ref::<T>() {
@@ -240,6 +238,25 @@ impl<'a, D, V> Call<'a, D, V> {
         }
     }
 
+    /// Where a call picks up a key that earlier calls left in doubt.
+    fn resume<T, E>(&mut self, doubt: Doubt) -> Phase<T, E> {
+        let verifies = self.verify.is_some() && self.cx.mode() != Mode::RetryOnly;
+        if verifies {
+            // The earlier call may have applied the effect: look first.
+            let cause = if doubt.after_ok { Cause::Unconfirmed } else { Cause::Interrupted };
+            return Phase::Verify { cause };
+        }
+        let blind_retry = self.cx.mode() != Mode::VerifyOnly
+            && self.spec.side_effect != SideEffect::Irreversible
+            && self.attempts <= self.policy.retries;
+        if blind_retry {
+            // No verifier (or retry-only mode): the key is the only guard.
+            Phase::Dispatch
+        } else {
+            self.unresolved(UnknownReason::RetriesExhausted, Verdict::Unknown, Cause::Interrupted)
+        }
+    }
+
     /// One attempt, with the call's key.
     async fn dispatch<T, E, DF, VF>(&mut self) -> Phase<T, E>
     where
@@ -251,7 +268,7 @@ impl<'a, D, V> Call<'a, D, V> {
         let key = self.key();
         self.attempts += 1;
         if let Some(claim) = &mut self.claim {
-            claim.dispatched = true;
+            claim.doubt = Doubt { attempts: self.attempts, after_ok: false };
         }
         self.audit(CallState::Dispatched, None, None, None);
         let mut attempt = std::pin::pin!((self.dispatch)(key));
@@ -269,6 +286,9 @@ impl<'a, D, V> Call<'a, D, V> {
             Ok(Ok(value)) => {
                 let confirm = self.policy.verify_response && self.verify.is_some();
                 return if confirm && self.cx.mode() != Mode::RetryOnly {
+                    if let Some(claim) = &mut self.claim {
+                        claim.doubt.after_ok = true;
+                    }
                     Phase::Verify { cause: Cause::Unconfirmed }
                 } else {
                     Phase::Done(ToolResult::Success { value, proof: Proof::Response, key })
@@ -448,12 +468,15 @@ impl<'a, D, V> Call<'a, D, V> {
         };
         self.audit(state, None, None, Some(detail));
         if let Some(claim) = self.claim.take() {
+            // One key is one logical call with one budget: whatever did not
+            // prove its effect stays recorded, so a repeat verifies first and
+            // has only the attempts left (none after a contradicted OK).
             let finish = match result {
                 ToolResult::Success { value, .. } => Finish::Completed(Arc::new(value.clone())),
-                ToolResult::Failed { .. }
-                | ToolResult::NotApplied { .. }
-                | ToolResult::Refused(_) => Finish::Released,
-                ToolResult::Unknown { .. } | ToolResult::Escalated { .. } => Finish::Ambiguous,
+                _ if claim.doubt.attempts > 0 || claim.doubt.after_ok => {
+                    Finish::InDoubt(claim.doubt)
+                }
+                _ => Finish::Released,
             };
             claim.close(finish);
         }
@@ -512,20 +535,23 @@ fn describe<E>(cause: &Cause<E>) -> &'static str {
 struct Claim<'a> {
     ledger: &'a dyn Ledger,
     key: IdempotencyKey,
-    dispatched: bool,
+    hold: Hold,
+    /// Attempts under this key so far (earlier calls included).
+    doubt: Doubt,
 }
 
 impl Claim<'_> {
     fn close(self, finish: Finish) {
-        self.ledger.finish(self.key, finish);
+        self.ledger.finish(self.key, self.hold, finish);
         std::mem::forget(self);
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        let finish = if self.dispatched { Finish::Ambiguous } else { Finish::Released };
-        self.ledger.finish(self.key, finish);
+        let in_doubt = self.doubt.attempts > 0 || self.doubt.after_ok;
+        let finish = if in_doubt { Finish::InDoubt(self.doubt) } else { Finish::Released };
+        self.ledger.finish(self.key, self.hold, finish);
     }
 }
 

@@ -14,14 +14,32 @@ use crate::{IdempotencyKey, PayloadDigest};
 /// A recorded success value, type-erased (the engine downcasts it back).
 pub type Stored = Arc<dyn Any + Send + Sync>;
 
+/// Proof of holding a key. [`Ledger::finish`] is ignored unless it comes
+/// with the key's current hold, so a call presumed dead whose key was taken
+/// over cannot overwrite its successor's record when it wakes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Hold(pub u64);
+
+/// What calls in doubt left behind under a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Doubt {
+    /// Attempts dispatched under the key so far, by every call together: the
+    /// retry budget is per logical call, not per invocation.
+    pub attempts: u32,
+    /// The last attempt answered OK but the verifier did not confirm it: the
+    /// server has recorded the key, so nothing is dispatched under it again.
+    pub after_ok: bool,
+}
+
 /// What [`Ledger::begin`] found for a key.
+#[derive(Debug)]
 pub enum Begin {
     /// No record: the caller now holds the key.
-    Claimed,
-    /// An earlier call with this key ended in doubt, or was dropped after it
-    /// dispatched. The caller now holds the key and must verify before it
-    /// dispatches.
-    Resume,
+    Claimed(Hold),
+    /// Earlier calls with this key ended in doubt, were dropped after they
+    /// dispatched, or held it past its lease. The caller now holds the key
+    /// and must verify before it dispatches.
+    Resume(Hold, Doubt),
     /// A call with this key succeeded; this is its value.
     Completed(Stored),
     /// Another call holds the key right now.
@@ -31,13 +49,16 @@ pub enum Begin {
 }
 
 /// How a call that held a key ended.
+#[derive(Debug)]
 pub enum Finish {
     /// The effect happened: keep the value for replays.
     Completed(Stored),
-    /// The effect did not happen: forget the key.
+    /// Nothing was dispatched: forget the key.
     Released,
-    /// The effect is in doubt: the next call with this key must verify first.
-    Ambiguous,
+    /// Attempts went out and the effect is not proven (in doubt, or known
+    /// absent): the next call with this key verifies first and may use only
+    /// the rest of the key's budget.
+    InDoubt(Doubt),
 }
 
 /// A ledger backend failed.
@@ -57,24 +78,44 @@ pub trait Ledger: Send + Sync {
     /// Looks the key up and, when free (or in doubt), claims it for the caller.
     fn begin(&self, key: IdempotencyKey, fingerprint: PayloadDigest) -> Result<Begin, LedgerError>;
 
-    /// Records how the call that holds `key` ended and releases it.
-    fn finish(&self, key: IdempotencyKey, finish: Finish);
+    /// Records how the call that holds `key` under `hold` ended and releases
+    /// the key. A stale hold (the key was taken over) changes nothing.
+    fn finish(&self, key: IdempotencyKey, hold: Hold, finish: Finish);
 }
 
 enum State {
-    Held,
-    InDoubt,
+    /// Held by a call; the doubt earlier calls left, for a takeover.
+    Held(Hold, Doubt),
+    InDoubt(Doubt),
     Done(Stored),
 }
 
 struct Entry {
     fingerprint: PayloadDigest,
     state: State,
-    /// When the call that holds or held the key started.
+    /// When the key was claimed (for the lease) or finished (for the TTL).
     since: Instant,
 }
 
+struct Records {
+    map: HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>,
+    next_hold: u64,
+    /// Size of the map after the last sweep of expired records.
+    swept_at: usize,
+}
+
+impl Records {
+    fn hold(&mut self) -> Hold {
+        self.next_hold += 1;
+        Hold(self.next_hold)
+    }
+}
+
 /// The in-memory ledger: a mutex-guarded map, never held across an await.
+///
+/// Completed records are kept for a TTL (24 h, as Stripe keeps keys) and
+/// swept as the map grows; records in doubt are kept until a call resolves
+/// them.
 ///
 /// ```
 /// use verified_tools::ledger::{Begin, Finish, Ledger, MemoryLedger};
@@ -84,16 +125,16 @@ struct Entry {
 /// let ledger = MemoryLedger::new();
 /// let key = IdempotencyKey::from_u128(1);
 /// let fp = payload_digest(&42)?;
-/// assert!(matches!(ledger.begin(key, fp)?, Begin::Claimed));
+/// let Begin::Claimed(hold) = ledger.begin(key, fp)? else { panic!() };
 /// assert!(matches!(ledger.begin(key, fp)?, Begin::InFlight));
-/// ledger.finish(key, Finish::Completed(Arc::new(7u32)));
+/// ledger.finish(key, hold, Finish::Completed(Arc::new(7u32)));
 /// let Begin::Completed(v) = ledger.begin(key, fp)? else { panic!() };
 /// assert_eq!(v.downcast_ref::<u32>(), Some(&7));
 /// assert!(matches!(ledger.begin(key, payload_digest(&43)?)?, Begin::Mismatch));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct MemoryLedger {
-    entries: Mutex<HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>>,
+    records: Mutex<Records>,
     ttl: Duration,
     lease: Duration,
 }
@@ -104,42 +145,52 @@ impl Default for MemoryLedger {
     }
 }
 
+impl std::fmt::Debug for MemoryLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLedger")
+            .field("records", &self.len())
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// Fewest records before the map is swept of expired ones.
+const SWEEP_FLOOR: usize = 1024;
+
 impl MemoryLedger {
-    /// An empty ledger whose records live 24 hours, as Stripe keeps keys.
+    /// An empty ledger whose completed records live 24 hours, as Stripe
+    /// keeps keys, and whose keys are leased for 10 minutes.
     pub fn new() -> Self {
         Self::with_ttl(Duration::from_secs(24 * 3600))
     }
 
-    /// An empty ledger whose finished records are forgotten after `ttl`
-    /// (tokio time). Held keys never expire: their call is still running, or
-    /// its drop guard will finish them.
+    /// An empty ledger whose completed records are forgotten `ttl` after they
+    /// were written (tokio time). Records in doubt never expire: forgetting
+    /// one would let the next call dispatch without verifying.
     pub fn with_ttl(ttl: Duration) -> Self {
-        Self { entries: Mutex::default(), ttl, lease: Duration::from_secs(600) }
+        let records = Records { map: HashMap::default(), next_hold: 0, swept_at: 0 };
+        Self { records: Mutex::new(records), ttl, lease: Duration::from_secs(600) }
     }
 
     /// Sets how long a call may hold a key (10 minutes by default). A key
     /// held longer is presumed abandoned (its holder hung or leaked): the
-    /// next call takes it over in doubt, so it verifies before it dispatches.
-    /// Set it above the longest a call can take (attempts × timeout + waits).
+    /// next call takes it over in doubt, so it verifies before it dispatches,
+    /// and the old holder's late `finish` is ignored. Set it above the
+    /// longest a call can take (attempts × timeout + waits).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Forgets the finished records older than the TTL. Lookups already
-    /// ignore them; this frees their memory.
-    pub fn purge_expired(&self) {
-        let now = Instant::now();
-        self.lock().retain(|_, e| !self.expired(e, now));
-    }
-
-    fn expired(&self, entry: &Entry, now: Instant) -> bool {
-        !matches!(entry.state, State::Held) && now.duration_since(entry.since) >= self.ttl
+    /// The lease of a held key.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// How many keys are recorded.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// Whether no key is recorded.
@@ -147,61 +198,73 @@ impl MemoryLedger {
         self.len() == 0
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>> {
+    /// Forgets the completed records older than the TTL now, rather than at
+    /// the next sweep. Lookups already ignore them.
+    pub fn purge_expired(&self) {
+        let now = Instant::now();
+        let mut records = self.lock();
+        records.map.retain(|_, e| !self.expired(e, now));
+        records.swept_at = records.map.len();
+    }
+
+    fn expired(&self, entry: &Entry, now: Instant) -> bool {
+        matches!(entry.state, State::Done(_)) && now.duration_since(entry.since) >= self.ttl
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         // A panic elsewhere cannot leave an entry half-written: every update
         // is a single insert or assignment.
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+        self.records.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Ledger for MemoryLedger {
     fn begin(&self, key: IdempotencyKey, fingerprint: PayloadDigest) -> Result<Begin, LedgerError> {
         let now = Instant::now();
-        let mut map = self.lock();
-        let fresh = Entry { fingerprint, state: State::Held, since: now };
-        let entry = match map.get_mut(&key.as_u128()) {
-            Some(entry) if !self.expired(entry, now) => entry,
-            _ => {
-                map.insert(key.as_u128(), fresh);
-                return Ok(Begin::Claimed);
-            }
+        let mut records = self.lock();
+        // Amortised sweep: the map may at most double between two sweeps.
+        if records.map.len() >= (2 * records.swept_at).max(SWEEP_FLOOR) {
+            records.map.retain(|_, e| !self.expired(e, now));
+            records.swept_at = records.map.len();
+        }
+        let hold = records.hold();
+        let held = |doubt| Entry { fingerprint, state: State::Held(hold, doubt), since: now };
+        let Some(entry) = records.map.get_mut(&key.as_u128()) else {
+            records.map.insert(key.as_u128(), held(Doubt::default()));
+            return Ok(Begin::Claimed(hold));
         };
+        if self.expired(entry, now) {
+            *entry = held(Doubt::default());
+            return Ok(Begin::Claimed(hold));
+        }
         if entry.fingerprint != fingerprint {
             return Ok(Begin::Mismatch);
         }
-        Ok(match &entry.state {
-            State::Held if now.duration_since(entry.since) < self.lease => Begin::InFlight,
-            State::Held => {
-                entry.since = now;
-                Begin::Resume
-            }
-            State::Done(value) => Begin::Completed(Arc::clone(value)),
-            State::InDoubt => {
-                entry.state = State::Held;
-                entry.since = now;
-                Begin::Resume
+        Ok(match entry.state {
+            State::Held(_, _) if now.duration_since(entry.since) < self.lease => Begin::InFlight,
+            State::Done(ref value) => Begin::Completed(Arc::clone(value)),
+            // In doubt, or held past the lease: the holder may have
+            // dispatched, so the taker verifies first.
+            State::Held(_, doubt) | State::InDoubt(doubt) => {
+                *entry = held(doubt);
+                Begin::Resume(hold, doubt)
             }
         })
     }
 
-    fn finish(&self, key: IdempotencyKey, finish: Finish) {
-        let mut map = self.lock();
+    fn finish(&self, key: IdempotencyKey, hold: Hold, finish: Finish) {
+        let mut records = self.lock();
+        let Some(entry) = records.map.get_mut(&key.as_u128()) else { return };
+        if !matches!(entry.state, State::Held(current, _) if current == hold) {
+            return;
+        }
+        entry.since = Instant::now();
         match finish {
             Finish::Released => {
-                map.remove(&key.as_u128());
+                records.map.remove(&key.as_u128());
             }
-            Finish::Completed(value) => {
-                if let Some(entry) = map.get_mut(&key.as_u128()) {
-                    entry.state = State::Done(value);
-                }
-            }
-            Finish::Ambiguous => {
-                if let Some(entry) = map.get_mut(&key.as_u128()) {
-                    entry.state = State::InDoubt;
-                }
-            }
+            Finish::Completed(value) => entry.state = State::Done(value),
+            Finish::InDoubt(doubt) => entry.state = State::InDoubt(doubt),
         }
     }
 }

@@ -473,3 +473,97 @@ async fn an_abandoned_key_is_taken_over_in_doubt_after_its_lease() {
     assert!(late.is_success(), "{late:?}");
     assert!(matches!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(_)]));
 }
+
+#[tokio::test(start_paused = true)]
+async fn context_new_records_calls_in_a_ledger_by_default() {
+    let cx = cx().for_step("run", 1);
+    let fake = Fake::new(&[], &[]);
+    assert!(run(&cx, &HIGH, &fake).await.is_success());
+    let again = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(again, ToolResult::Success { proof: Proof::Ledger, .. }), "{again:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+    // Opting out executes again.
+    let bare = cx.clone().without_ledger();
+    assert!(run(&bare, &HIGH, &fake).await.is_success());
+    assert_eq!(fake.dispatches().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_budget_is_per_logical_call_not_per_invocation() {
+    let cx = cx().for_step("run", 1);
+    // Lost, Absent, retried, lost again, then the verifier sees nothing
+    // for its whole budget: Unknown after two attempts.
+    let reads = [Read::Truth, Read::Unknown, Read::Unknown, Read::Unknown];
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost], &reads);
+    assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::Unknown { .. }));
+    assert_eq!(fake.dispatches().len(), 2);
+    // A repeat verifies (Absent now) but has no attempt left for this key.
+    let r = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Interrupted, .. }), "{r:?}");
+    assert_eq!(fake.dispatches().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_contradicted_ok_is_never_dispatched_again_under_its_key() {
+    let cx = cx().for_step("run", 1);
+    let fake = Fake::new(&[Attempt::PartialOk, Attempt::Ok], &[]);
+    let first = run(&cx, &CONFIRM, &fake).await;
+    assert!(matches!(first, ToolResult::NotApplied { cause: Cause::Unconfirmed, .. }));
+    let again = run(&cx, &CONFIRM, &fake).await;
+    assert!(matches!(again, ToolResult::NotApplied { cause: Cause::Unconfirmed, .. }), "{again:?}");
+    assert_eq!(fake.dispatches().len(), 1, "the server would only replay its OK");
+    // A new logical call completes it.
+    assert!(run(&cx.for_step("run", 2), &CONFIRM, &fake).await.is_success());
+}
+
+#[tokio::test(start_paused = true)]
+async fn resuming_without_a_verifier_never_redispatches_an_irreversible_call() {
+    static PAY_BLIND: ToolSpec = ToolSpec::new("pay_blind", SideEffect::Irreversible);
+    let cx = cx().for_step("run", 1);
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let first = run_unverified(&cx, &PAY_BLIND, &fake).await;
+    assert!(matches!(first, ToolResult::Escalated { .. }), "{first:?}");
+    let again = run_unverified(&cx, &PAY_BLIND, &fake).await;
+    assert!(matches!(again, ToolResult::Escalated { cause: Cause::Interrupted, .. }), "{again:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_only_resumes_without_reading_the_verifier() {
+    let cx = cx().with_mode(Mode::RetryOnly).for_step("run", 1);
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost], &[]);
+    assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::Unknown { .. }));
+    let again = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(again, ToolResult::Unknown { cause: Cause::Interrupted, .. }), "{again:?}");
+    assert_eq!(fake.reads(), 0);
+    assert_eq!(fake.dispatches().len(), 2);
+}
+
+#[test]
+fn a_stale_holder_cannot_overwrite_its_successor() {
+    use verified_tools::key::payload_digest;
+    use verified_tools::ledger::{Begin, Doubt, Finish, Ledger};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ledger = MemoryLedger::new().with_lease(Duration::from_secs(60));
+        let key = IdempotencyKey::from_u128(5);
+        let fp = payload_digest(&1u8).unwrap();
+        let Begin::Claimed(old) = ledger.begin(key, fp).unwrap() else { panic!() };
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let Begin::Resume(new, _) = ledger.begin(key, fp).unwrap() else { panic!() };
+        // The presumed-dead holder wakes up and reports: ignored.
+        ledger.finish(key, old, Finish::Released);
+        assert!(matches!(ledger.begin(key, fp).unwrap(), Begin::InFlight));
+        ledger.finish(key, new, Finish::InDoubt(Doubt { attempts: 1, after_ok: false }));
+        // Records in doubt outlive the TTL: forgetting one would let the next
+        // call dispatch without verifying.
+        tokio::time::advance(Duration::from_secs(48 * 3600)).await;
+        ledger.purge_expired();
+        let Begin::Resume(_, doubt) = ledger.begin(key, fp).unwrap() else { panic!() };
+        assert_eq!(doubt.attempts, 1);
+    });
+}

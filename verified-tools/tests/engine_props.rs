@@ -136,6 +136,101 @@ proptest! {
     }
 }
 
+static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::Irreversible).with_verifier();
+static CONFIRM: ToolSpec =
+    ToolSpec::new("record", SideEffect::High).with_verifier().with_verify_response(true);
+
+/// Two calls of the same logical call on one ledger; the first may be
+/// cancelled at a random virtual time.
+#[derive(Debug, Clone)]
+struct Repeat {
+    case: Case,
+    spec: u8,
+    cancel_after_ms: Option<u64>,
+}
+
+fn repeat() -> impl Strategy<Value = Repeat> {
+    (case(), 0u8..3, prop::option::of(0u64..3_000))
+        .prop_map(|(case, spec, cancel_after_ms)| Repeat { case, spec, cancel_after_ms })
+}
+
+fn run_twice(r: &Repeat) -> (Vec<ToolResult<u32, fake::FakeError>>, Fake) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let case = &r.case;
+    let fake = Fake::new(&case.attempts, &case.reads);
+    let fake = if case.ignore_keys { fake.ignoring_keys() } else { fake };
+    let spec: &'static ToolSpec = match r.spec {
+        0 => &HIGH,
+        1 => &PAY,
+        _ => &CONFIRM,
+    };
+    let policy = RetryPolicy::for_class(spec.side_effect).with_retries(case.retries);
+    let cx = Context::new("prop")
+        .with_mode(case.mode)
+        .with_policy(spec.side_effect, policy)
+        .for_step("run", 1);
+    let call =
+        || engine::call(&cx, spec, &(7u64,), &(), |key| fake.send(key), Some(|_| fake.check()));
+    let results = rt.block_on(async {
+        let mut results = Vec::new();
+        match r.cancel_after_ms {
+            Some(ms) => {
+                let limit = std::time::Duration::from_millis(ms);
+                if let Ok(result) = tokio::time::timeout(limit, call()).await {
+                    results.push(result);
+                }
+            }
+            None => results.push(call().await),
+        }
+        results.push(call().await);
+        results
+    });
+    (results, fake)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The invariants hold per logical call (per key), across a repeat and a
+    /// cancellation, not only within one invocation.
+    #[test]
+    fn invariants_hold_across_repeats_and_cancellation(r in repeat()) {
+        let (results, fake) = run_twice(&r);
+        let log = fake.log();
+        let keys = fake.dispatches();
+        let case = &r.case;
+        prop_assert!(keys.len() as u32 <= 1 + case.retries, "{r:?} {log:?}");
+        prop_assert!(keys.windows(2).all(|w| w[0] == w[1]));
+        if let Some(holds) = log.iter().position(|e| *e == Event::Read(Verdict::Holds(()))) {
+            prop_assert!(!log[holds..].iter().any(|e| matches!(e, Event::Dispatch(_))), "{log:?}");
+        }
+        for result in &results {
+            if let ToolResult::Success { proof, .. } = result {
+                prop_assert!(fake.holds() || *proof == Proof::Response, "{result:?} {log:?}");
+            }
+        }
+        match case.mode {
+            Mode::VerifyBeforeRetry => {
+                for (i, e) in log.iter().enumerate().skip(1) {
+                    if matches!(e, Event::Dispatch(_)) {
+                        prop_assert_eq!(log[i - 1], Event::Read(Verdict::Absent), "{:?}", log);
+                    }
+                }
+            }
+            Mode::RetryOnly => prop_assert_eq!(fake.reads(), 0, "{:?}", log),
+            Mode::VerifyOnly => prop_assert!(keys.len() <= 1),
+        }
+        // Irreversible: once an attempt went out, no other follows by itself.
+        if r.spec == 1 && case.retries == 0 {
+            prop_assert!(keys.len() <= 1, "{r:?} {log:?}");
+        }
+    }
+}
+
 /// Retry-only without server keys really duplicates on some schedules, where
 /// verify-before-retry does not: the comparison the paper makes.
 #[test]
