@@ -88,8 +88,8 @@ fn hit(c: &mut Criterion) {
     let ledger = MemoryLedger::new();
     let key = IdempotencyKey::from_u128(7);
     let fp = payload_digest(&7u64).unwrap();
-    assert!(matches!(ledger.begin(key, fp), Ok(Begin::Claimed)));
-    ledger.finish(key, Finish::Completed(Arc::new(8u64)));
+    let Ok(Begin::Claimed(hold)) = ledger.begin(key, fp) else { unreachable!("a fresh key") };
+    ledger.finish(key, hold, Finish::Completed(Arc::new(8u64)));
     g.bench_function("memory_ledger_begin", |b| {
         b.iter(|| match ledger.begin(black_box(key), fp) {
             Ok(Begin::Completed(v)) => *v.downcast_ref::<u64>().unwrap(),
