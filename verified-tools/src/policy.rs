@@ -186,7 +186,20 @@ impl VerifyBudget {
         Self { reads, interval, absent_reads: 1 }
     }
 
-    /// Sets how many consecutive `Absent` reads are believed.
+    /// Sets the number of reads.
+    pub const fn with_reads(mut self, reads: u32) -> Self {
+        self.reads = reads;
+        self
+    }
+
+    /// Sets the wait between two reads.
+    pub const fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Sets how many consecutive `Absent` reads are believed (at most
+    /// `reads`; more could never be met).
     pub const fn with_absent_reads(mut self, absent_reads: u32) -> Self {
         self.absent_reads = absent_reads;
         self
