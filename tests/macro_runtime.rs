@@ -129,7 +129,8 @@ async fn applied_by_key(svc: &Service, _customer: &u64, key: IdempotencyKey) -> 
     timeout = "2s",
     bucket = "5m",
     name = "activate_with_token",
-    verify_response = true
+    verify_response = true,
+    json = true
 )]
 async fn activate_secret(
     svc: &Service,
@@ -173,7 +174,14 @@ struct Crm {
 }
 
 impl Crm {
-    #[verified_tool(side_effect = "irreversible", verify = check, timeout = "2s", retries = 1, send = true)]
+    #[verified_tool(
+        side_effect = "irreversible",
+        verify = check,
+        timeout = "2s",
+        retries = 1,
+        send = true,
+        json = true
+    )]
     async fn close_account(&self, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
         self.svc.activate(key, customer).await
     }
@@ -399,4 +407,34 @@ async fn verify_key_hands_the_call_s_key_to_the_verifier() {
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1]);
     assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn json_arguments_call_the_same_logical_call() {
+    use serde_json::json;
+    let cx = context().without_ledger();
+    let svc = Service::with_faults(&[]);
+    let typed = activate_secret(&cx, &svc, 7, "t0ken", "vip".to_owned()).await;
+    let args = json!({"customer": 7, "token": "t0ken", "label": "vip"});
+    let from_json = activate_secret_json(&cx, &svc, &args).await.expect("valid arguments");
+    assert!(from_json.is_success(), "{from_json:?}");
+    // The same arguments are the same logical call, whichever way they came.
+    assert_eq!(from_json.key(), typed.key());
+    assert_eq!(svc.dispatch_keys().len(), 2);
+
+    let missing = activate_secret_json(&cx, &svc, &json!({"customer": 7, "token": "x"})).await;
+    let err = missing.expect_err("label is missing");
+    assert_eq!(err.tool, "activate_with_token");
+    assert!(err.message.contains("label"), "{err}");
+    let unknown = json!({"customer": 7, "token": "x", "label": "y", "extra": 1});
+    let err = activate_secret_json(&cx, &svc, &unknown).await.expect_err("unknown field");
+    assert!(err.message.contains("extra"), "{err}");
+    let ill_typed = json!({"customer": "seven", "token": "x", "label": "y"});
+    assert!(activate_secret_json(&cx, &svc, &ill_typed).await.is_err());
+    assert_eq!(svc.dispatch_keys().len(), 2, "bad arguments dispatch nothing");
+
+    // Methods get one too.
+    let crm = Crm { svc: Service::with_faults(&[]), fail_reads: AtomicU32::new(0) };
+    let closed = crm.close_account_json(&cx, &json!({"customer": 9})).await.expect("valid");
+    assert!(matches!(closed, ToolResult::Success { value: 9, .. }), "{closed:?}");
 }

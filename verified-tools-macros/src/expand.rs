@@ -95,9 +95,11 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
     };
     let await_call = quote_spanned!(err_span=> __vt_call.await);
     let send_check = if tool.send { send_check(tool) } else { TokenStream::new() };
+    let json_entry = if tool.json { json_entry(tool) } else { TokenStream::new() };
 
     quote! {
         #spec_fn
+        #json_entry
 
         #(#attrs)*
         #vis async fn #ident #generics (#receiver #cx: &::verified_tools::Context, #(#params),*)
@@ -119,6 +121,90 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             let __vt_call = #call;
             #send_check
             #await_call
+        }
+    }
+}
+
+/// `json = true`: `<name>_json(cx, <skipped params>, &Value)`, which takes
+/// the key-relevant arguments from a JSON object (an LLM's tool call) and
+/// calls the entry point. `&str` arrives as `String`, `&[T]` as `Vec<T>`,
+/// `&T` as `T`; unknown or missing fields are an `ArgsError` naming them.
+fn json_entry(tool: &Tool) -> TokenStream {
+    let func = &tool.func;
+    let vis = &func.item.vis;
+    let ident = &func.item.sig.ident;
+    let json_fn = Ident::new(&format!("{}_json", ident.unraw()), ident.span());
+    let (ok, err) = (&tool.ok, &tool.err);
+    let cx = context_ident();
+    let receiver = func.receiver.as_ref().map(|r| quote!(#r,));
+    let mut skipped_params = Vec::new();
+    let mut fields = Vec::new();
+    let mut call_args = Vec::new();
+    for (i, p) in func.params.iter().enumerate() {
+        let Some(name) = p.ident.as_ref().filter(|_| !p.is_key) else { continue };
+        let ty = &p.ty;
+        if tool.skipped[i] {
+            skipped_params.push(quote!(#name: #ty));
+            call_args.push(quote!(#name));
+            continue;
+        }
+        let (owned, lent) = match parse::peel(ty) {
+            syn::Type::Reference(r) => match parse::peel(&r.elem) {
+                syn::Type::Path(path) if path.path.is_ident("str") => {
+                    (quote!(::std::string::String), true)
+                }
+                syn::Type::Slice(slice) => {
+                    let elem = &slice.elem;
+                    (quote!(::std::vec::Vec<#elem>), true)
+                }
+                elem => (quote!(#elem), true),
+            },
+            other => (quote!(#other), false),
+        };
+        fields.push(quote!(#name: #owned));
+        call_args.push(if lent { quote!(&#name) } else { quote!(#name) });
+    }
+    let names: Vec<&Ident> = func
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| !p.is_key && !tool.skipped[*i])
+        .filter_map(|(_, p)| p.ident.as_ref())
+        .collect();
+    let target = match func.receiver {
+        Some(_) => quote!(self.#ident),
+        None => quote!(#ident),
+    };
+    // Mixed-site, like `cx`: a user parameter named `arguments` stays apart.
+    let arguments = Ident::new("arguments", Span::mixed_site());
+    let spec_fn = spec_fn_ident(func);
+    let spec_path = match func.receiver {
+        Some(_) => quote!(Self::#spec_fn()),
+        None => quote!(#spec_fn()),
+    };
+    let doc = format!(
+        " Calls [`{ident}`] with its key-relevant arguments taken from a JSON object, as an \
+         LLM's tool call gives them; the skipped parameters are passed as Rust values. \
+         Unknown, missing or ill-typed fields are an `ArgsError`, before anything is dispatched."
+    );
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis async fn #json_fn(
+            #receiver
+            #cx: &::verified_tools::Context,
+            #(#skipped_params,)*
+            #arguments: &::verified_tools::__private::serde_json::Value,
+        ) -> ::core::result::Result<::verified_tools::ToolResult<#ok, #err>, ::verified_tools::ArgsError> {
+            #[derive(::verified_tools::__private::Deserialize)]
+            #[serde(crate = "::verified_tools::__private::serde", deny_unknown_fields)]
+            struct __VtJsonArgs {
+                #(#fields,)*
+            }
+            let __VtJsonArgs { #(#names,)* } =
+                <__VtJsonArgs as ::verified_tools::__private::Deserialize>::deserialize(#arguments)
+                    .map_err(|e| ::verified_tools::ArgsError::new(#spec_path.name, e))?;
+            ::core::result::Result::Ok(#target(#cx, #(#call_args),*).await)
         }
     }
 }

@@ -32,6 +32,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "verify_response",
     "verify_key",
     "send",
+    "json",
 ];
 
 /// The side-effect classes, as written in `side_effect = "..."`.
@@ -104,6 +105,7 @@ pub(crate) struct Args {
     pub verify_response: Option<LitBool>,
     pub verify_key: Option<LitBool>,
     pub send: Option<LitBool>,
+    pub json: Option<LitBool>,
 }
 
 /// One argument before interpretation: `key`, `key = tokens` or `key(tokens)`.
@@ -276,12 +278,13 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                     args.secret = list;
                 }
             }
-            "verify_response" | "verify_key" | "send" => {
+            "verify_response" | "verify_key" | "send" | "json" => {
                 let example = format!("{name} = true");
                 if let Some(tokens) = eq_value(&key, value, &example, cx) {
                     match syn::parse2::<LitBool>(tokens.clone()) {
                         Ok(lit) if name == "send" => args.send = Some(lit),
                         Ok(lit) if name == "verify_key" => args.verify_key = Some(lit),
+                        Ok(lit) if name == "json" => args.json = Some(lit),
                         Ok(lit) => args.verify_response = Some(lit),
                         Err(_) => cx.error_spanned(
                             tokens,

@@ -41,7 +41,8 @@ fn low_without_verifier_all_options() {
             bucket = "5m",
             name = "drafts.save",
             secret(token),
-            send = true
+            send = true,
+            json = true
         ),
         quote! {
             async fn save_draft(token: &str, mut body: String) -> Result<u32, std::io::Error> {

@@ -23,6 +23,8 @@ pub(crate) struct Tool {
     /// The verifier also receives the call's key, as its last argument.
     pub verify_key: bool,
     pub send: bool,
+    /// Also generate `<name>_json`, taking the key-relevant arguments from JSON.
+    pub json: bool,
     /// Per parameter of `func.params`: left out of the key and the audit.
     pub skipped: Vec<bool>,
     /// Per parameter of `func.params`: redacted in the audit.
@@ -76,6 +78,15 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
              or remove `verify_key`",
         );
     }
+    if let Some(lit) = args.json.as_ref().filter(|l| l.value) {
+        if !func.item.sig.generics.params.is_empty() {
+            cx.error(
+                lit.span,
+                "`json = true` is not supported on generic functions: the JSON arguments need \
+                 concrete types; remove `json` or the generic parameters",
+            );
+        }
+    }
     signature(&func, cx);
     let skipped = names(&func, args.skip.as_ref(), "skip", cx);
     let secret = names(&func, args.secret.as_ref(), "secret", cx);
@@ -109,6 +120,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             bucket_ms: args.bucket.map(|d| d.millis),
             verify_response: args.verify_response.map(|l| l.value),
             verify_key: args.verify_key.is_some_and(|l| l.value),
+            json: args.json.is_some_and(|l| l.value),
             send: args.send.is_some_and(|l| l.value),
             skipped,
             secret,

@@ -70,7 +70,7 @@ pub use context::{Clock, Context, InFlight, SystemClock, TokioClock};
 pub use escalation::Escalation;
 pub use key::{IdempotencyKey, KeyError, KeyScope, ParseKeyError, PayloadDigest};
 pub use policy::{Backoff, Mode, RetryPolicy, VerifyBudget};
-pub use result::{CallError, Cause, Proof, ToolResult, UnknownReason};
+pub use result::{ArgsError, CallError, Cause, Proof, ToolResult, UnknownReason};
 pub use side_effect::{ParseSideEffectError, SideEffect};
 pub use spec::{Param, ToolSpec};
 pub use verdict::{IntoVerdict, Verdict};
@@ -80,5 +80,6 @@ pub use verified_tools_macros::verified_tool;
 #[doc(hidden)]
 pub mod __private {
     pub use serde;
-    pub use serde::Serialize;
+    pub use serde::{Deserialize, Serialize};
+    pub use serde_json;
 }

@@ -207,3 +207,29 @@ impl CallError {
         }
     }
 }
+
+/// The JSON arguments of a tool call (`<tool>_json`, from
+/// `#[verified_tool(json = true)]`) did not fit its parameters. Nothing was
+/// dispatched.
+///
+/// ```
+/// use verified_tools::ArgsError;
+///
+/// let err = ArgsError::new("send", "missing field `to`");
+/// assert_eq!(err.to_string(), "tool `send`: invalid arguments: missing field `to`");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tool `{tool}`: invalid arguments: {message}")]
+pub struct ArgsError {
+    /// The tool.
+    pub tool: &'static str,
+    /// What was wrong, as serde said it.
+    pub message: String,
+}
+
+impl ArgsError {
+    /// An error of `tool`'s arguments.
+    pub fn new(tool: &'static str, message: impl std::fmt::Display) -> Self {
+        Self { tool, message: message.to_string() }
+    }
+}
