@@ -78,14 +78,13 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
              or remove `verify_key`",
         );
     }
-    if let Some(lit) = args.json.as_ref().filter(|l| l.value) {
-        if !func.item.sig.generics.params.is_empty() {
-            cx.error(
-                lit.span,
-                "`json = true` is not supported on generic functions: the JSON arguments need \
-                 concrete types; remove `json` or the generic parameters",
-            );
-        }
+    let generic = !func.item.sig.generics.params.is_empty();
+    if let Some(lit) = args.json.as_ref().filter(|l| l.value && generic) {
+        cx.error(
+            lit.span,
+            "`json = true` is not supported on generic functions: the JSON arguments need \
+             concrete types; remove `json` or the generic parameters",
+        );
     }
     signature(&func, cx);
     let skipped = names(&func, args.skip.as_ref(), "skip", cx);
