@@ -429,8 +429,18 @@ async fn json_arguments_call_the_same_logical_call() {
     let unknown = json!({"customer": 7, "token": "x", "label": "y", "extra": 1});
     let err = activate_secret_json(&cx, &svc, &unknown).await.expect_err("unknown field");
     assert!(err.message.contains("extra"), "{err}");
+    assert_eq!(err.message.split('`').nth(1), Some("extra"));
     let ill_typed = json!({"customer": "seven", "token": "x", "label": "y"});
-    assert!(activate_secret_json(&cx, &svc, &ill_typed).await.is_err());
+    let err = activate_secret_json(&cx, &svc, &ill_typed).await.expect_err("ill-typed");
+    assert!(err.message.starts_with("field `customer`"), "{err}");
+    let missing = activate_secret_json(&cx, &svc, &json!({"customer": 7, "token": "x"})).await;
+    assert_eq!(missing.expect_err("no label").message, "missing field `label`");
+    // A secret's value never appears in an error (it is logged, or shown to
+    // the model).
+    let secret = json!({"customer": 7, "token": 918273, "label": "y"});
+    let err = activate_secret_json(&cx, &svc, &secret).await.expect_err("token is a string");
+    assert!(!err.to_string().contains("918273"), "{err}");
+    assert!(err.message.contains("secret field `token`"), "{err}");
     assert_eq!(svc.dispatch_keys().len(), 2, "bad arguments dispatch nothing");
 
     // Methods get one too.

@@ -127,60 +127,80 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
 
 /// `json = true`: `<name>_json(cx, <skipped params>, &Value)`, which takes
 /// the key-relevant arguments from a JSON object (an LLM's tool call) and
-/// calls the entry point. `&str` arrives as `String`, `&[T]` as `Vec<T>`,
-/// `&T` as `T`; unknown or missing fields are an `ArgsError` naming them.
+/// calls the entry point.
+///
+/// Each field is deserialized on its own, into a local with mixed-site
+/// hygiene (so no parameter can shadow the tool's name), with the type as
+/// written: borrowed types (`&str`, `Option<&str>`) borrow from the JSON;
+/// `&[T]` arrives as `Vec<T>` and other `&T` as `T`, lent to the call.
+/// Errors of `secret` fields never quote the value.
 fn json_entry(tool: &Tool) -> TokenStream {
     let func = &tool.func;
     let vis = &func.item.vis;
     let ident = &func.item.sig.ident;
+    let cfgs = func.item.attrs.iter().filter(|a| a.path().is_ident("cfg"));
     let json_fn = Ident::new(&format!("{}_json", ident.unraw()), ident.span());
     let (ok, err) = (&tool.ok, &tool.err);
     let cx = context_ident();
     let receiver = func.receiver.as_ref().map(|r| quote!(#r,));
-    let mut skipped_params = Vec::new();
-    let mut fields = Vec::new();
+    let arguments = Ident::new("arguments", Span::mixed_site());
+    let object = Ident::new("__vt_object", Span::mixed_site());
+    let spec_fn = spec_fn_ident(func);
+    let spec_path = match func.receiver {
+        Some(_) => quote!(Self::#spec_fn()),
+        None => quote!(#spec_fn()),
+    };
+    let mut params = Vec::new();
+    let mut reads = Vec::new();
     let mut call_args = Vec::new();
+    let mut known = Vec::new();
     for (i, p) in func.params.iter().enumerate() {
         let Some(name) = p.ident.as_ref().filter(|_| !p.is_key) else { continue };
+        let local = Ident::new(&name.unraw().to_string(), Span::mixed_site());
         let ty = &p.ty;
         if tool.skipped[i] {
-            skipped_params.push(quote!(#name: #ty));
-            call_args.push(quote!(#name));
+            params.push(quote!(#local: #ty));
+            call_args.push(quote!(#local));
             continue;
         }
-        let (owned, lent) = match parse::peel(ty) {
+        let field = name.unraw().to_string();
+        known.push(field.clone());
+        let (read_ty, lent) = match parse::peel(ty) {
             syn::Type::Reference(r) => match parse::peel(&r.elem) {
-                syn::Type::Path(path) if path.path.is_ident("str") => {
-                    (quote!(::std::string::String), true)
-                }
+                syn::Type::Path(path) if path.path.is_ident("str") => (quote!(#ty), false),
                 syn::Type::Slice(slice) => {
                     let elem = &slice.elem;
                     (quote!(::std::vec::Vec<#elem>), true)
                 }
                 elem => (quote!(#elem), true),
             },
-            other => (quote!(#other), false),
+            _ => (quote!(#ty), false),
         };
-        fields.push(quote!(#name: #owned));
-        call_args.push(if lent { quote!(&#name) } else { quote!(#name) });
+        let error = if tool.secret[i] {
+            let text = format!("invalid value for secret field `{field}`");
+            quote!(|_| ::verified_tools::ArgsError::new(#spec_path.name, #text))
+        } else {
+            let format = format!("field `{field}`: {{}}");
+            quote!(|e| ::verified_tools::ArgsError::new(#spec_path.name, ::std::format!(#format, e)))
+        };
+        let missing = format!("missing field `{field}`");
+        reads.push(quote! {
+            let #local: #read_ty = match #object.get(#field) {
+                ::core::option::Option::Some(value) => {
+                    ::verified_tools::__private::Deserialize::deserialize(value).map_err(#error)?
+                }
+                // Absent reads as null: an `Option` is then `None`.
+                ::core::option::Option::None => {
+                    ::verified_tools::__private::Deserialize::deserialize(&__VT_NULL)
+                        .map_err(|_| ::verified_tools::ArgsError::new(#spec_path.name, #missing))?
+                }
+            };
+        });
+        call_args.push(if lent { quote!(&#local) } else { quote!(#local) });
     }
-    let names: Vec<&Ident> = func
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(i, p)| !p.is_key && !tool.skipped[*i])
-        .filter_map(|(_, p)| p.ident.as_ref())
-        .collect();
     let target = match func.receiver {
         Some(_) => quote!(self.#ident),
         None => quote!(#ident),
-    };
-    // Mixed-site, like `cx`: a user parameter named `arguments` stays apart.
-    let arguments = Ident::new("arguments", Span::mixed_site());
-    let spec_fn = spec_fn_ident(func);
-    let spec_path = match func.receiver {
-        Some(_) => quote!(Self::#spec_fn()),
-        None => quote!(#spec_fn()),
     };
     let doc = format!(
         " Calls [`{ident}`] with its key-relevant arguments taken from a JSON object, as an \
@@ -188,22 +208,33 @@ fn json_entry(tool: &Tool) -> TokenStream {
          Unknown, missing or ill-typed fields are an `ArgsError`, before anything is dispatched."
     );
     quote! {
+        #(#cfgs)*
         #[doc = #doc]
         #[allow(dead_code)]
         #vis async fn #json_fn(
             #receiver
             #cx: &::verified_tools::Context,
-            #(#skipped_params,)*
+            #(#params,)*
             #arguments: &::verified_tools::__private::serde_json::Value,
         ) -> ::core::result::Result<::verified_tools::ToolResult<#ok, #err>, ::verified_tools::ArgsError> {
-            #[derive(::verified_tools::__private::Deserialize)]
-            #[serde(crate = "::verified_tools::__private::serde", deny_unknown_fields)]
-            struct __VtJsonArgs {
-                #(#fields,)*
+            let ::core::option::Option::Some(#object) = #arguments.as_object() else {
+                return ::core::result::Result::Err(::verified_tools::ArgsError::new(
+                    #spec_path.name,
+                    "the arguments must be a JSON object",
+                ));
+            };
+            const __VT_KNOWN: &[&str] = &[#(#known),*];
+            static __VT_NULL: ::verified_tools::__private::serde_json::Value =
+                ::verified_tools::__private::serde_json::Value::Null;
+            if let ::core::option::Option::Some(unknown) =
+                #object.keys().find(|k| !__VT_KNOWN.contains(&k.as_str()))
+            {
+                return ::core::result::Result::Err(::verified_tools::ArgsError::new(
+                    #spec_path.name,
+                    ::std::format!("unknown field `{}`, expected one of {:?}", unknown, __VT_KNOWN),
+                ));
             }
-            let __VtJsonArgs { #(#names,)* } =
-                <__VtJsonArgs as ::verified_tools::__private::Deserialize>::deserialize(#arguments)
-                    .map_err(|e| ::verified_tools::ArgsError::new(#spec_path.name, e))?;
+            #(#reads)*
             ::core::result::Result::Ok(#target(#cx, #(#call_args),*).await)
         }
     }

@@ -15,7 +15,8 @@
 //! Invariants, checked by property tests: never a retry without a verifier's
 //! `Absent` (in the default mode, for tools with a verifier); never a
 //! dispatch after `Holds`; the same key on every attempt; at most
-//! `1 + retries` dispatches.
+//! `1 + retries` dispatches per key, across repeated, cancelled and
+//! taken-over calls (the ledger carries the count).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -247,6 +248,7 @@ impl<'a, D, V> Call<'a, D, V> {
             return Phase::Verify { cause };
         }
         let blind_retry = self.cx.mode() != Mode::VerifyOnly
+            && !doubt.after_ok
             && self.spec.side_effect != SideEffect::Irreversible
             && self.attempts <= self.policy.retries;
         if blind_retry {
@@ -269,6 +271,19 @@ impl<'a, D, V> Call<'a, D, V> {
         self.attempts += 1;
         if let Some(claim) = &mut self.claim {
             claim.doubt = Doubt { attempts: self.attempts, after_ok: false };
+            // Written through before the attempt goes out, so a call that
+            // takes the key over after the lease inherits the count; and a
+            // holder whose key was taken over stops here.
+            if !claim.ledger.dispatching(key, claim.hold, claim.doubt) {
+                self.attempts -= 1;
+                self.claim = None;
+                let cause = Cause::Interrupted;
+                return Phase::Done(ToolResult::Unknown {
+                    reason: UnknownReason::Superseded,
+                    cause,
+                    key,
+                });
+            }
         }
         self.audit(CallState::Dispatched, None, None, None);
         let mut attempt = std::pin::pin!((self.dispatch)(key));
@@ -288,6 +303,7 @@ impl<'a, D, V> Call<'a, D, V> {
                 return if confirm && self.cx.mode() != Mode::RetryOnly {
                     if let Some(claim) = &mut self.claim {
                         claim.doubt.after_ok = true;
+                        claim.ledger.dispatching(key, claim.hold, claim.doubt);
                     }
                     Phase::Verify { cause: Cause::Unconfirmed }
                 } else {
@@ -445,11 +461,28 @@ impl<'a, D, V> Call<'a, D, V> {
     }
 
     fn key(&self) -> IdempotencyKey {
-        // plan() sets the key before any phase runs.
+        // derive() sets the key before any phase runs.
         self.key.unwrap_or(IdempotencyKey::from_u128(0))
     }
 
     fn finish<T: Clone + Send + Sync + 'static, E>(&mut self, result: &ToolResult<T, E>) {
+        // The ledger first: an audit sink that panics must not leave a
+        // proven success recorded as in doubt.
+        if let Some(claim) = self.claim.take() {
+            // One key is one logical call with one budget: whatever did not
+            // prove its effect stays recorded, so a repeat verifies first and
+            // has only the attempts left (none after a contradicted OK).
+            let dispatched = claim.doubt.attempts > 0 || claim.doubt.after_ok;
+            let finish = match result {
+                ToolResult::Success { value, .. } => Finish::Completed(Arc::new(value.clone())),
+                _ if !dispatched => Finish::Released,
+                ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => {
+                    Finish::Settled(claim.doubt)
+                }
+                _ => Finish::InDoubt(claim.doubt),
+            };
+            claim.close(finish);
+        }
         let (state, detail) = match result {
             ToolResult::Success { proof, .. } => (
                 CallState::VerifiedSuccess,
@@ -467,19 +500,6 @@ impl<'a, D, V> Call<'a, D, V> {
             ToolResult::Refused(_) => (CallState::Refused, result.label()),
         };
         self.audit(state, None, None, Some(detail));
-        if let Some(claim) = self.claim.take() {
-            // One key is one logical call with one budget: whatever did not
-            // prove its effect stays recorded, so a repeat verifies first and
-            // has only the attempts left (none after a contradicted OK).
-            let finish = match result {
-                ToolResult::Success { value, .. } => Finish::Completed(Arc::new(value.clone())),
-                _ if claim.doubt.attempts > 0 || claim.doubt.after_ok => {
-                    Finish::InDoubt(claim.doubt)
-                }
-                _ => Finish::Released,
-            };
-            claim.close(finish);
-        }
     }
 
     #[inline]
@@ -542,8 +562,10 @@ struct Claim<'a> {
 
 impl Claim<'_> {
     fn close(self, finish: Finish) {
-        self.ledger.finish(self.key, self.hold, finish);
-        std::mem::forget(self);
+        // Disarm the drop guard first: a backend whose `finish` panics must
+        // not be called again while unwinding.
+        let this = std::mem::ManuallyDrop::new(self);
+        this.ledger.finish(this.key, this.hold, finish);
     }
 }
 

@@ -36,9 +36,11 @@ pub struct Doubt {
 pub enum Begin {
     /// No record: the caller now holds the key.
     Claimed(Hold),
-    /// Earlier calls with this key ended in doubt, were dropped after they
-    /// dispatched, or held it past its lease. The caller now holds the key
-    /// and must verify before it dispatches.
+    /// Earlier calls with this key dispatched without proving the effect
+    /// (they ended in doubt or known absent, were dropped, or held the key
+    /// past its lease). The caller now holds the key; the engine verifies
+    /// before it dispatches (when the tool has a verifier and the mode
+    /// verifies) and uses only the rest of the key's budget.
     Resume(Hold, Doubt),
     /// A call with this key succeeded; this is its value.
     Completed(Stored),
@@ -53,11 +55,15 @@ pub enum Begin {
 pub enum Finish {
     /// The effect happened: keep the value for replays.
     Completed(Stored),
-    /// Nothing was dispatched: forget the key.
+    /// Nothing was dispatched under the key, by any call: forget it.
     Released,
-    /// Attempts went out and the effect is not proven (in doubt, or known
-    /// absent): the next call with this key verifies first and may use only
-    /// the rest of the key's budget.
+    /// Attempts went out and the effect is known not to have happened
+    /// (a definitive error, or verified absent): kept for the TTL, so a
+    /// repeat uses only the rest of the key's budget.
+    Settled(Doubt),
+    /// Attempts went out and the effect is in doubt (unknown, escalated,
+    /// cancelled): kept until a call proves it, so the next call with this
+    /// key verifies first.
     InDoubt(Doubt),
 }
 
@@ -78,6 +84,12 @@ pub trait Ledger: Send + Sync {
     /// Looks the key up and, when free (or in doubt), claims it for the caller.
     fn begin(&self, key: IdempotencyKey, fingerprint: PayloadDigest) -> Result<Begin, LedgerError>;
 
+    /// Records, before an attempt goes out, what the holder has done so far,
+    /// so that a call taking the key over after the lease inherits it.
+    /// Returns `false` when the hold is stale (the key was taken over): the
+    /// caller must then not dispatch.
+    fn dispatching(&self, key: IdempotencyKey, hold: Hold, doubt: Doubt) -> bool;
+
     /// Records how the call that holds `key` under `hold` ended and releases
     /// the key. A stale hold (the key was taken over) changes nothing.
     fn finish(&self, key: IdempotencyKey, hold: Hold, finish: Finish);
@@ -87,6 +99,7 @@ enum State {
     /// Held by a call; the doubt earlier calls left, for a takeover.
     Held(Hold, Doubt),
     InDoubt(Doubt),
+    Settled(Doubt),
     Done(Stored),
 }
 
@@ -113,9 +126,10 @@ impl Records {
 
 /// The in-memory ledger: a mutex-guarded map, never held across an await.
 ///
-/// Completed records are kept for a TTL (24 h, as Stripe keeps keys) and
-/// swept as the map grows; records in doubt are kept until a call resolves
-/// them.
+/// Completed and settled records (a success to replay; a failure whose
+/// budget a repeat must not renew) are kept for a TTL (24 h, as Stripe keeps
+/// keys) and swept as the map grows. Records in doubt are kept until a call
+/// proves the effect: only genuinely unknown outcomes stay.
 ///
 /// ```
 /// use verified_tools::ledger::{Begin, Finish, Ledger, MemoryLedger};
@@ -165,9 +179,11 @@ impl MemoryLedger {
         Self::with_ttl(Duration::from_secs(24 * 3600))
     }
 
-    /// An empty ledger whose completed records are forgotten `ttl` after they
-    /// were written (tokio time). Records in doubt never expire: forgetting
-    /// one would let the next call dispatch without verifying.
+    /// An empty ledger whose completed and settled records are forgotten
+    /// `ttl` after they were written (tokio time); a call with that key then
+    /// starts afresh, as it would on a server that forgot the key. Records
+    /// in doubt never expire: forgetting one would let the next call
+    /// dispatch without verifying.
     pub fn with_ttl(ttl: Duration) -> Self {
         let records = Records { map: HashMap::default(), next_hold: 0, swept_at: 0 };
         Self { records: Mutex::new(records), ttl, lease: Duration::from_secs(600) }
@@ -208,7 +224,8 @@ impl MemoryLedger {
     }
 
     fn expired(&self, entry: &Entry, now: Instant) -> bool {
-        matches!(entry.state, State::Done(_)) && now.duration_since(entry.since) >= self.ttl
+        matches!(entry.state, State::Done(_) | State::Settled(_))
+            && now.duration_since(entry.since) >= self.ttl
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
@@ -245,11 +262,22 @@ impl Ledger for MemoryLedger {
             State::Done(ref value) => Begin::Completed(Arc::clone(value)),
             // In doubt, or held past the lease: the holder may have
             // dispatched, so the taker verifies first.
-            State::Held(_, doubt) | State::InDoubt(doubt) => {
+            State::Held(_, doubt) | State::InDoubt(doubt) | State::Settled(doubt) => {
                 *entry = held(doubt);
                 Begin::Resume(hold, doubt)
             }
         })
+    }
+
+    fn dispatching(&self, key: IdempotencyKey, hold: Hold, doubt: Doubt) -> bool {
+        let mut records = self.lock();
+        match records.map.get_mut(&key.as_u128()) {
+            Some(Entry { state: State::Held(current, recorded), .. }) if *current == hold => {
+                *recorded = doubt;
+                true
+            }
+            _ => false,
+        }
     }
 
     fn finish(&self, key: IdempotencyKey, hold: Hold, finish: Finish) {
@@ -265,6 +293,7 @@ impl Ledger for MemoryLedger {
             }
             Finish::Completed(value) => entry.state = State::Done(value),
             Finish::InDoubt(doubt) => entry.state = State::InDoubt(doubt),
+            Finish::Settled(doubt) => entry.state = State::Settled(doubt),
         }
     }
 }

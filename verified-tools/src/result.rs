@@ -32,8 +32,9 @@ pub enum Cause<E> {
     /// the same key, which the server would answer as before: completing it is
     /// a new logical call.
     Unconfirmed,
-    /// An earlier call with this key ended in doubt or was cancelled; this
-    /// call checked the state before acting.
+    /// Earlier calls with this key dispatched without proving the effect
+    /// (they ended in doubt or known absent, were cancelled, or were taken
+    /// over after their lease); this call checked the state before acting.
     Interrupted,
 }
 
@@ -44,6 +45,9 @@ pub enum UnknownReason {
     /// Retries ran out and nothing verified the effect (retry-only mode, or a
     /// tool without verifier).
     RetriesExhausted,
+    /// The call held its key past the ledger's lease and another call took
+    /// it over: that call now owns the outcome. Nothing more was dispatched.
+    Superseded,
     /// The verifier answered `Unknown` (or failed) for its whole read budget.
     VerifierInconclusive,
 }

@@ -567,3 +567,59 @@ fn a_stale_holder_cannot_overwrite_its_successor() {
         assert_eq!(doubt.attempts, 1);
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_inherits_the_attempts_of_the_call_it_replaces() {
+    let ledger = Arc::new(MemoryLedger::new().with_lease(Duration::from_secs(60)));
+    let policy =
+        RetryPolicy::for_class(SideEffect::High).with_retries(2).with_attempt_timeout(None);
+    let cx = cx().with_ledger(ledger).with_policy(SideEffect::High, policy).for_step("run", 1);
+    // Two attempts lost (each verified Absent), the third hangs forever.
+    let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost, Attempt::Hang], &[]);
+    let stuck = run(&cx, &HIGH, &fake);
+    let later = async {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        run(&cx, &HIGH, &fake).await
+    };
+    let taken_over = tokio::select! {
+        _ = stuck => unreachable!("the stuck call never ends"),
+        r = later => r,
+    };
+    // The taker verified (Absent) and found the key's budget spent.
+    assert!(matches!(taken_over, ToolResult::NotApplied { cause: Cause::Interrupted, .. }));
+    assert_eq!(fake.dispatches().len(), 3, "1 + retries under one key, not per call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn settled_failures_expire_with_the_ttl() {
+    let ledger = Arc::new(MemoryLedger::with_ttl(Duration::from_secs(60)));
+    let policy = RetryPolicy::for_class(SideEffect::High).with_retries(0);
+    let cx = cx().with_ledger(ledger).with_policy(SideEffect::High, policy).for_step("run", 1);
+    let fake = Fake::new(&[Attempt::Definitive], &[]);
+    assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::Failed { .. }));
+    // Within the TTL the key's budget is spent: verified, not re-sent.
+    assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::NotApplied { .. }));
+    assert_eq!(fake.dispatches().len(), 1);
+    // After it, the key starts afresh, as on a server that forgot it.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(run(&cx, &HIGH, &fake).await.is_success());
+    assert_eq!(fake.dispatches().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_audit_sink_cannot_unrecord_a_success() {
+    struct Exploding;
+    impl verified_tools::audit::AuditSink for Exploding {
+        fn record(&self, event: &verified_tools::audit::AuditEvent<'_>) {
+            assert!(event.state != CallState::VerifiedSuccess, "audit sink bug");
+        }
+    }
+    let cx = cx().for_step("run", 1);
+    let fake = Arc::new(Fake::new(&[], &[]));
+    let (cx2, fake2) = (cx.clone().with_audit(Arc::new(Exploding)), Arc::clone(&fake));
+    let crashed = tokio::spawn(async move { run(&cx2, &HIGH, &fake2).await }).await;
+    assert!(crashed.unwrap_err().is_panic());
+    let again = run(&cx, &HIGH, &fake).await;
+    assert!(matches!(again, ToolResult::Success { proof: Proof::Ledger, .. }), "{again:?}");
+    assert_eq!(fake.dispatches().len(), 1);
+}

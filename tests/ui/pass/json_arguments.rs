@@ -22,6 +22,12 @@ pub async fn send_mail(
     Ok(to.len() + cc.len())
 }
 
+/// A parameter named like the tool, and an optional borrowed one.
+#[verified_tool(side_effect = "low", json = true)]
+pub async fn refund(refund: u64, memo: Option<&str>) -> Result<u64, ErrorClass> {
+    Ok(refund + memo.map_or(0, |m| m.len() as u64))
+}
+
 fn main() {
     let cx = Context::new("agent");
     let args = serde_json::json!({
@@ -33,6 +39,12 @@ fn main() {
     let _future = async move {
         let result: Result<ToolResult<usize, ErrorClass>, ArgsError> =
             send_mail_json(&cx, &Mailer, &args).await;
+        result
+    };
+    let cx = Context::new("agent");
+    let _refund = async move {
+        let args = serde_json::json!({"refund": 5});
+        let result: Result<ToolResult<u64, ErrorClass>, ArgsError> = refund_json(&cx, &args).await;
         result
     };
 }
