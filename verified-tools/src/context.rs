@@ -130,19 +130,15 @@ impl Context {
         self.policies[class.index()]
     }
 
+    pub(crate) fn policy_ref(&self, class: SideEffect) -> &RetryPolicy {
+        &self.policies[class.index()]
+    }
+
     /// The policy of one tool: its class's default, overridden by what the
     /// tool's attribute set.
     pub fn policy_for(&self, spec: &ToolSpec) -> RetryPolicy {
         let mut policy = self.policy(spec.side_effect);
-        if let Some(retries) = spec.retries {
-            policy.retries = retries;
-        }
-        if let Some(timeout) = spec.timeout {
-            policy.attempt_timeout = Some(timeout);
-        }
-        if let Some(on) = spec.verify_response {
-            policy.verify_response = on;
-        }
+        (policy.retries, policy.attempt_timeout, policy.verify_response) = overrides(spec, &policy);
         policy
     }
 
@@ -258,4 +254,15 @@ impl std::fmt::Debug for Context {
             .field("escalation", &self.escalation.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// The tool attribute's overrides of a class policy: retries, per-attempt
+/// timeout, response verification. One rule for [`Context::policy_for`] and
+/// the engine (which keeps the class policy by reference).
+pub(crate) fn overrides(spec: &ToolSpec, base: &RetryPolicy) -> (u32, Option<Duration>, bool) {
+    (
+        spec.retries.unwrap_or(base.retries),
+        spec.timeout.or(base.attempt_timeout),
+        spec.verify_response.unwrap_or(base.verify_response),
+    )
 }

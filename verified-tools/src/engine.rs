@@ -90,7 +90,7 @@ where
     V: FnMut(IdempotencyKey) -> VF,
     VF: Future<Output = Verdict<T>>,
 {
-    let policy = cx.policy_for(spec);
+    let policy = Effective::new(cx, spec);
     let mut call = Call {
         cx,
         spec,
@@ -111,6 +111,24 @@ where
     result
 }
 
+/// The policy of one call: the class default by reference (it is large, and
+/// the call's future carries it), with the tool's overrides resolved; the
+/// same values as [`Context::policy_for`] (one rule: `context::overrides`).
+struct Effective<'a> {
+    base: &'a RetryPolicy,
+    retries: u32,
+    attempt_timeout: Option<Duration>,
+    verify_response: bool,
+}
+
+impl<'a> Effective<'a> {
+    fn new(cx: &'a Context, spec: &ToolSpec) -> Self {
+        let base = cx.policy_ref(spec.side_effect);
+        let (retries, attempt_timeout, verify_response) = crate::context::overrides(spec, base);
+        Self { base, retries, attempt_timeout, verify_response }
+    }
+}
+
 /// Where the state machine goes next.
 enum Phase<T, E> {
     Dispatch,
@@ -121,7 +139,7 @@ enum Phase<T, E> {
 struct Call<'a, D, V> {
     cx: &'a Context,
     spec: &'static ToolSpec,
-    policy: RetryPolicy,
+    policy: Effective<'a>,
     key: Option<IdempotencyKey>,
     attempts: u32,
     started: Option<Instant>,
@@ -335,7 +353,7 @@ impl<'a, D, V> Call<'a, D, V> {
                 timed_out
             }
         };
-        let wait = self.policy.backoff.delay(self.attempts, key);
+        let wait = self.policy.base.backoff.delay(self.attempts, key);
         let verifies = self.verify.is_some() && self.cx.mode() != Mode::RetryOnly;
         if verifies {
             sleep(wait).await;
@@ -358,7 +376,7 @@ impl<'a, D, V> Call<'a, D, V> {
         VF: Future<Output = Verdict<T>>,
     {
         let key = self.key();
-        let budget = self.policy.verify;
+        let budget = self.policy.base.verify;
         let reads = budget.reads.max(1);
         // The tool answered OK: only the whole budget reading Absent outweighs
         // that answer (a single early read may just be a stale replica).
@@ -482,6 +500,9 @@ impl<'a, D, V> Call<'a, D, V> {
                 _ => Finish::InDoubt(claim.doubt),
             };
             claim.close(finish);
+        }
+        if self.cx.audit.is_none() {
+            return;
         }
         let (state, detail) = match result {
             ToolResult::Success { proof, .. } => (
