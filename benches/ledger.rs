@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
 use verified_tools::key::payload_digest;
-use verified_tools::ledger::{Begin, Finish, Ledger, MemoryLedger};
+use verified_tools::ledger::{
+    ClaimRequest, Claimed, Codec, End, Ledger, MemoryLedger, Progress, Settle,
+};
 use verified_tools::{
     Context, IdempotencyKey, InFlight, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine,
 };
@@ -37,7 +39,8 @@ async fn save_draft(args: &(u64, &str)) -> Result<u64, io::Error> {
 
 async fn call(cx: &Context, key: u64) -> ToolResult<u64, io::Error> {
     let args = (key, "quarterly report");
-    engine::call(cx, &SAVE_DRAFT, &args, &args, |_key| save_draft(&args), engine::no_verifier())
+    let dispatch = |_attempt| save_draft(&args);
+    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
         .await
 }
 
@@ -87,16 +90,45 @@ fn hit(c: &mut Criterion) {
 
     let ledger = MemoryLedger::new();
     let key = IdempotencyKey::from_u128(7);
-    let fp = payload_digest(&7u64).unwrap();
-    let Ok(Begin::Claimed(hold)) = ledger.begin(key, fp) else { unreachable!("a fresh key") };
-    ledger.finish(key, hold, Finish::Completed(Arc::new(8u64)));
-    g.bench_function("memory_ledger_begin", |b| {
-        b.iter(|| match ledger.begin(black_box(key), fp) {
-            Ok(Begin::Completed(v)) => *v.downcast_ref::<u64>().unwrap(),
-            _ => unreachable!(),
+    let fingerprint = payload_digest(&7u64).unwrap();
+    let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
+    let now = tokio::time::Instant::now();
+    let request = ClaimRequest { key, fingerprint, previous: None, first, now };
+    rt.block_on(async {
+        let Ok(Claimed::Fresh(fence)) = ledger.claim(request).await.map(|c| c.state) else {
+            unreachable!("a fresh key")
+        };
+        let value = Recorded8;
+        ledger.finish(key, fence, End::Completed(&value)).await.expect("recorded");
+    });
+    g.bench_function("memory_ledger_claim", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    match ledger.claim(black_box(request)).await.map(|c| c.state) {
+                        Ok(Claimed::Completed(_)) => {}
+                        _ => unreachable!(),
+                    }
+                }
+                start.elapsed()
+            })
         })
     });
     g.finish();
+}
+
+/// The recorded value of the claim bench.
+struct Recorded8;
+
+impl verified_tools::ledger::Recorded for Recorded8 {
+    fn local(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        Arc::new(8u64)
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        Some(b"8".to_vec())
+    }
 }
 
 /// One batch: `TASKS` tasks × `CALLS_PER_TASK` calls, on `KEYS` keys; returns

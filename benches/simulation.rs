@@ -1,8 +1,8 @@
 //! Simulation throughput (issue 5, item 4): episodes per second of the
 //! experiment grid (`examples/agent.rs`), one worker thread against all cores.
 //!
-//! Each iteration runs the whole default grid (2 tasks × 4 levels × 5 methods)
-//! at 50 episodes per cell, 2,000 episodes, on paused tokio time; criterion
+//! Each iteration runs the whole default grid (2 tasks × 4 levels × 8 methods)
+//! at 50 episodes per cell, 3,200 episodes, on paused tokio time; criterion
 //! reports elements/s, i.e. episodes/s.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -15,7 +15,7 @@ fn simulation(c: &mut Criterion) {
         let config = Config { episodes: 50, threads, ..Config::default() };
         group.throughput(Throughput::Elements(config.total_episodes()));
         group.bench_function(format!("grid_threads_{threads}"), |b| {
-            b.iter(|| run(&config, &|_| {}));
+            b.iter(|| run(&config, &|_| {}).expect("the in-memory ledger opens"));
         });
     }
     group.finish();

@@ -31,7 +31,7 @@ use backon::{ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde::Serialize;
 use tokio::runtime::Runtime;
-use verified_tools::ledger::MemoryLedger;
+use verified_tools::ledger::{Codec, MemoryLedger};
 use verified_tools::{
     Context, IdempotencyKey, KeyScope, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine,
 };
@@ -97,7 +97,8 @@ macro_rules! timed {
 
 async fn wrapped(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
     let args = draft(seq);
-    engine::call(cx, &SAVE_DRAFT, &args, &args, |_key| save_draft(&args), engine::no_verifier())
+    let dispatch = |_attempt| save_draft(&args);
+    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
         .await
 }
 

@@ -3,18 +3,37 @@
 //!
 //! The [`Planner`] trait is where an LLM would sit; [`TaskPlanner`] is the
 //! deterministic planner of the two tasks. Each tool call is one logical
-//! call, keyed by (run id, step): re-planning a step after `NotApplied` or
-//! `Failed` is a *new* call with a new key, which is what repairs a partial
-//! write on a server that replays keys. `Unknown` and `Escalated` are never
-//! re-issued: the effect may have happened.
+//! call, keyed by (run id, step). The two ways a call can end without its
+//! effect are handled differently, as the library asks:
+//!
+//! - `NotApplied` (and `Failed`): the effect is known absent — the verifier's
+//!   `Absent` was read after the last attempt had settled, so nothing sent
+//!   under the key can still land — and the key's budget is spent. Doing it
+//!   after all is a *new* logical call: the planner re-plans the step (a new
+//!   step, so a new key), which is also what repairs a partial write on a
+//!   server that replays keys.
+//! - `Unknown`: the effect is in doubt (an attempt may still land, or a
+//!   replica may still hide it). A new call could duplicate it, so the
+//!   planner never makes one. It [re-issues](Action::Reissue) the *same*
+//!   logical call — same step, same key — after a pause: the engine then
+//!   verifies before anything else, waits for the settle point the ledger
+//!   kept, and either proves the effect (`Success`), settles its absence
+//!   (`NotApplied`, and the planner may re-plan), or stays in doubt. At most
+//!   `reissues` times per call; still in doubt, the agent stops and reports
+//!   failure, leaving the key in the trace for a person or a later run. A
+//!   call that ended `Unknown` because its retries ran out *without* a
+//!   verifier read (the retry-only arm) is not re-issued: the engine would
+//!   send nothing and learn nothing.
+//! - `Escalated` and `Refused` end the episode.
 
 use std::future::Future;
+use std::time::Duration;
 
 use verified_tools::sim::{
     ActivateCustomer, Customer, CustomerStatus, InvoiceRow, Message, Record, RecordInvoice,
     RecordStatus, SimError, Task,
 };
-use verified_tools::{Cause, Context, ToolResult};
+use verified_tools::{Cause, Context, ToolResult, UnknownReason};
 
 use crate::tools::{self, SimClient};
 
@@ -72,8 +91,9 @@ pub enum Outcome {
     },
     /// A definitive error: nothing was applied.
     Failed(SimError),
-    /// In doubt: must not be re-issued blindly.
-    Unknown,
+    /// In doubt: never re-planned as a new call; re-issued as the same call
+    /// (same key) at most, which verifies first.
+    Unknown(UnknownReason),
     /// Handed to a person.
     Escalated,
     /// Refused before dispatch.
@@ -88,7 +108,7 @@ impl Outcome {
                 conflict: matches!(cause, Cause::Error(SimError::Conflict { .. })),
             },
             ToolResult::Failed { error, .. } => Outcome::Failed(error),
-            ToolResult::Unknown { .. } => Outcome::Unknown,
+            ToolResult::Unknown { reason, .. } => Outcome::Unknown(reason),
             ToolResult::Escalated { .. } => Outcome::Escalated,
             ToolResult::Refused(_) => Outcome::Refused,
         }
@@ -98,6 +118,13 @@ impl Outcome {
     /// is known not to have happened (completely).
     pub fn may_replan(&self) -> bool {
         matches!(self, Outcome::NotApplied { .. } | Outcome::Failed(_))
+    }
+
+    /// Whether re-issuing the same logical call later can resolve the
+    /// doubt: it is `Unknown`, and not because retries ran out with no
+    /// verifier read (then the engine would neither send nor look).
+    pub fn may_reissue(&self) -> bool {
+        matches!(self, Outcome::Unknown(reason) if *reason != UnknownReason::RetriesExhausted)
     }
 }
 
@@ -113,8 +140,14 @@ pub enum Observation {
 /// The planner's choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Make this call next.
+    /// Make this call next: a new logical call, with a new key.
     Call(ToolCall),
+    /// Re-issue the last call — the same logical call, with its key — after
+    /// this pause: the answer to `Unknown`.
+    Reissue {
+        /// How long to wait first (virtual time in the simulator).
+        after: Duration,
+    },
     /// Stop and report whether the task succeeded.
     Finish {
         /// The agent's claim.
@@ -136,6 +169,11 @@ pub struct Step {
     pub call: ToolCall,
     /// What came back.
     pub outcome: Outcome,
+    /// The step whose key the call carried: its own for a new call, the
+    /// re-issued call's for a re-issue.
+    pub key_step: u64,
+    /// Whether it re-issued the call before it.
+    pub reissue: bool,
 }
 
 /// What the agent did and what it claims.
@@ -151,22 +189,30 @@ pub struct AgentReport {
 const MAX_STEPS: u64 = 32;
 
 /// Runs the loop until the planner finishes. Call `i` of the episode is
-/// keyed by `(run, i)`.
+/// keyed by `(run, i)`; a re-issue is keyed as the call it re-issues.
 pub async fn run<P: Planner>(
     cx: &Context,
     client: &SimClient,
     run: &str,
     planner: &mut P,
 ) -> AgentReport {
-    let mut trace = Vec::new();
+    let mut trace: Vec<Step> = Vec::new();
     let mut observation = Observation::Start;
     for step in 0..MAX_STEPS {
-        let call = match planner.next(&observation).await {
-            Action::Call(call) => call,
+        let (call, key_step, reissue) = match planner.next(&observation).await {
+            Action::Call(call) => (call, step, false),
+            Action::Reissue { after } => match trace.last() {
+                Some(last) => {
+                    tokio::time::sleep(after).await;
+                    (last.call, last.key_step, true)
+                }
+                // Nothing to re-issue: a planner bug; stop honestly.
+                None => break,
+            },
             Action::Finish { success } => return AgentReport { claimed_success: success, trace },
         };
-        let outcome = act(&cx.for_step(run, step), client, call).await;
-        trace.push(Step { call, outcome });
+        let outcome = act(&cx.for_step(run, key_step), client, call).await;
+        trace.push(Step { call, outcome, key_step, reissue });
         observation = Observation::Result(call, outcome);
     }
     AgentReport { claimed_success: false, trace }
@@ -212,20 +258,41 @@ pub async fn act(cx: &Context, client: &SimClient, call: ToolCall) -> Outcome {
 }
 
 /// The deterministic planner of both tasks: the steps in order; a step that
-/// ended `NotApplied`/`Failed` is re-planned (after a fresh read when it
-/// needs the current version) at most `replans` times; anything in doubt
-/// ends the episode with an honest failure.
+/// ended `NotApplied`/`Failed` is re-planned as a new call (after a fresh
+/// read when it needs the current version) at most `replans` times; a call
+/// that ended `Unknown` is re-issued as the same call, after `reissue_after`,
+/// at most `reissues` times (see the [module docs](self)); anything still in
+/// doubt ends the episode with an honest failure.
 #[derive(Debug, Clone)]
 pub struct TaskPlanner {
     task: Task,
     replans: u32,
     left: u32,
+    reissues: u32,
+    reissued: u32,
+    reissue_after: Duration,
 }
 
 impl TaskPlanner {
-    /// A planner for `task` that re-plans each step at most `replans` times.
+    /// A planner for `task` that re-plans each step at most `replans` times
+    /// and does not re-issue calls in doubt.
     pub fn new(task: Task, replans: u32) -> Self {
-        Self { task, replans, left: replans }
+        Self {
+            task,
+            replans,
+            left: replans,
+            reissues: 0,
+            reissued: 0,
+            reissue_after: Duration::ZERO,
+        }
+    }
+
+    /// Re-issues a call that ended `Unknown` at most `times` times, each
+    /// after `after`.
+    pub fn with_reissues(mut self, times: u32, after: Duration) -> Self {
+        self.reissues = times;
+        self.reissue_after = after;
+        self
     }
 
     /// Spends one re-plan of the current step on `call`, or gives up.
@@ -241,6 +308,24 @@ impl TaskPlanner {
     fn advance(&mut self, call: ToolCall) -> Action {
         self.left = self.replans;
         Action::Call(call)
+    }
+
+    /// Re-issues the call in doubt, or gives up.
+    fn reissue(&mut self) -> Action {
+        if self.reissued == self.reissues {
+            return Action::Finish { success: false };
+        }
+        self.reissued += 1;
+        Action::Reissue { after: self.reissue_after }
+    }
+
+    /// The next action; a new call starts a new re-issue count.
+    fn choose(&mut self, observation: &Observation) -> Action {
+        let action = self.decide(observation);
+        if matches!(action, Action::Call(_)) {
+            self.reissued = 0;
+        }
+        action
     }
 
     fn decide(&mut self, observation: &Observation) -> Action {
@@ -263,8 +348,9 @@ impl TaskPlanner {
             (C::SetCustomerStatus(t, _), O::Success(_)) => self.advance(C::SendWelcome(t)),
             (C::SendWelcome(_), O::Success(_)) => Action::Finish { success: true },
             // A stale version or a partial activation: read the current
-            // version first. After a verifier's Absent the replica has caught
-            // up (the verify budget outlasts its lag), so the read is fresh.
+            // version first. NotApplied means the verifier's Absent was read
+            // after the settle point, which covers the replica's lag bound,
+            // so the read is fresh.
             (C::SetCustomerStatus(t, _), o) if o.may_replan() => self.replan(C::ReadCustomer(t)),
             (C::ReadCustomer(t), O::Success(V::MaybeCustomer(Some(c)))) => {
                 if c.status == CustomerStatus::Active && c.activated_at.is_some() {
@@ -304,7 +390,9 @@ impl TaskPlanner {
                 Some(r) if r.status == RecordStatus::Recorded => Action::Finish { success: true },
                 Some(r) => Action::Call(C::SetRecordStatus(t, r.version)),
             },
-            // Unknown, Escalated, Refused, or a read that saw nothing.
+            // In doubt: the same logical call again, later; never a new one.
+            (_, o) if o.may_reissue() => self.reissue(),
+            // Still in doubt, Escalated, Refused, or a read that saw nothing.
             _ => GIVE_UP,
         }
     }
@@ -312,7 +400,7 @@ impl TaskPlanner {
 
 impl Planner for TaskPlanner {
     fn next(&mut self, observation: &Observation) -> impl Future<Output = Action> + Send {
-        std::future::ready(self.decide(observation))
+        std::future::ready(self.choose(observation))
     }
 }
 
@@ -330,15 +418,55 @@ mod tests {
         p.decide(&Observation::Result(call, outcome))
     }
 
+    fn choose(p: &mut TaskPlanner, call: ToolCall, outcome: Outcome) -> Action {
+        p.choose(&Observation::Result(call, outcome))
+    }
+
     #[test]
-    fn doubt_is_never_reissued() {
+    fn doubt_is_never_replanned_as_a_new_call() {
         let t = invoice();
         let mut p = TaskPlanner::new(Task::RecordInvoice(t), 2);
         assert_eq!(p.decide(&Observation::Start), Action::Call(ToolCall::UpdateInvoiceRow(t)));
-        for doubt in [Outcome::Unknown, Outcome::Escalated, Outcome::Refused] {
+        let unsettled = Outcome::Unknown(UnknownReason::Unsettled);
+        for doubt in [unsettled, Outcome::Escalated, Outcome::Refused] {
             let next = decide(&mut p, ToolCall::UpdateInvoiceRow(t), doubt);
-            assert_eq!(next, Action::Finish { success: false });
+            assert_eq!(next, Action::Finish { success: false }, "{doubt:?}");
         }
+    }
+
+    #[test]
+    fn unknown_is_reissued_as_the_same_call_within_its_budget() {
+        let t = invoice();
+        let after = Duration::from_secs(30);
+        let mut p = TaskPlanner::new(Task::RecordInvoice(t), 2).with_reissues(1, after);
+        let row = ToolCall::UpdateInvoiceRow(t);
+        let unsettled = Outcome::Unknown(UnknownReason::Unsettled);
+        assert_eq!(choose(&mut p, row, unsettled), Action::Reissue { after });
+        // Still in doubt after the re-issue: stop, never a new call.
+        assert_eq!(choose(&mut p, row, unsettled), Action::Finish { success: false });
+
+        // A re-issue that settles the absence may be re-planned as a new call,
+        // and the next call in doubt gets its own re-issue.
+        let mut p = TaskPlanner::new(Task::RecordInvoice(t), 2).with_reissues(1, after);
+        let inconclusive = Outcome::Unknown(UnknownReason::VerifierInconclusive);
+        assert_eq!(choose(&mut p, row, inconclusive), Action::Reissue { after });
+        let missing = Outcome::NotApplied { conflict: false };
+        assert_eq!(choose(&mut p, row, missing), Action::Call(row));
+        assert_eq!(choose(&mut p, row, inconclusive), Action::Reissue { after });
+        // Proven on re-issue: the task goes on.
+        let done = Outcome::Success(Value::Row(InvoiceRow {
+            row: t.row,
+            invoice_id: Some(t.invoice_id),
+            amount: Some(t.amount),
+            version: 1,
+        }));
+        assert_eq!(choose(&mut p, row, done), Action::Call(ToolCall::CreateRecord(t)));
+
+        // Retries that ran out with no verifier read: nothing to learn later.
+        let mut p = TaskPlanner::new(Task::RecordInvoice(t), 2).with_reissues(1, after);
+        let blind = Outcome::Unknown(UnknownReason::RetriesExhausted);
+        assert!(!blind.may_reissue());
+        assert_eq!(choose(&mut p, row, blind), Action::Finish { success: false });
     }
 
     #[test]

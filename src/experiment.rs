@@ -14,16 +14,32 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use verified_tools::IdempotencyKey;
+use verified_tools::ledger::{
+    Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Recorded,
+    RedisLedger, SqliteLedger,
+};
 use verified_tools::sim::{
     FaultLevel, FaultProfile, SimConfig, SimServer, Task, TaskKind, episode_seed,
 };
 use verified_tools::{Context, Mode, TokioClock, VerifyBudget};
 
-use crate::agent::{self, AgentReport, TaskPlanner};
-use crate::tools::SimClient;
+use crate::agent::{self, AgentReport, Outcome, TaskPlanner};
+use crate::tools::{SimClient, settle_margin};
 
-/// How the agent handles ambiguous tool results: the paper's arms and our
-/// ablations.
+/// How the agent handles ambiguous tool results, and against which server:
+/// the paper's arms and our ablations.
+///
+/// The servers differ in two promises: deduplicating idempotency keys, and
+/// honouring deadlines (dropping a request that reaches them after its
+/// deadline, so that nothing lands after the settle point). Every agent
+/// forwards each attempt's deadline; every agent that verifies uses the
+/// settle margin the service documents for a deadline-honouring server
+/// ([`settle_margin`]) — on a server that ignores deadlines that promise is
+/// broken, which is what the `vbr_no_deadlines` and `vbr_neither` arms
+/// measure — except `vbr_neither_unsettled`, which keeps the library's
+/// default (no margin: an `Absent` after an ambiguous failure is never
+/// believed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Method {
     /// The paper's baseline: blind retry (budget 1), no verification, no
@@ -32,22 +48,36 @@ pub enum Method {
     /// Verify after an ambiguous failure or a compound write, never retry
     /// (and never re-plan: "reports failure without retrying").
     VerifyOnly,
-    /// Verify before any retry, keys sent to a server that honours them.
+    /// Verify before any retry, keys sent to a server that honours keys and
+    /// deadlines.
     VerifyBeforeRetry,
     /// Ablation: blind retry with keys sent, no verification.
     KeysOnly,
-    /// Ablation: verify-before-retry against a server that ignores keys.
+    /// Verify-before-retry against a server that honours keys but ignores
+    /// deadlines.
+    VbrNoDeadlines,
+    /// Verify-before-retry against a server that ignores keys but honours
+    /// deadlines.
     VbrNoServerKeys,
+    /// Verify-before-retry against a server that ignores keys and deadlines.
+    VbrNeither,
+    /// As [`VbrNeither`](Self::VbrNeither), with the library's default of no
+    /// settle margin: the agent does not rely on a promise the server
+    /// does not make.
+    VbrNeitherUnsettled,
 }
 
 impl Method {
     /// Every method, baseline first.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 8] = [
         Method::RetryOnly,
         Method::VerifyOnly,
         Method::VerifyBeforeRetry,
         Method::KeysOnly,
+        Method::VbrNoDeadlines,
         Method::VbrNoServerKeys,
+        Method::VbrNeither,
+        Method::VbrNeitherUnsettled,
     ];
 
     /// The method the others are compared against (Cohen's h).
@@ -60,7 +90,24 @@ impl Method {
             Method::VerifyOnly => "verify_only",
             Method::VerifyBeforeRetry => "verify_before_retry",
             Method::KeysOnly => "keys_only",
+            Method::VbrNoDeadlines => "vbr_no_deadlines",
             Method::VbrNoServerKeys => "vbr_no_server_keys",
+            Method::VbrNeither => "vbr_neither",
+            Method::VbrNeitherUnsettled => "vbr_neither_unsettled",
+        }
+    }
+
+    /// The method in plain words, as the summary table shows it.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Method::RetryOnly => "retry blindly (baseline)",
+            Method::VerifyOnly => "verify, never retry",
+            Method::VerifyBeforeRetry => "verify before retry",
+            Method::KeysOnly => "retry blindly, with keys",
+            Method::VbrNoDeadlines => "verify+retry, no deadlines",
+            Method::VbrNoServerKeys => "verify+retry, no keys",
+            Method::VbrNeither => "verify+retry, neither",
+            Method::VbrNeitherUnsettled => "verify+retry, neither, no margin",
         }
     }
 
@@ -69,7 +116,11 @@ impl Method {
         match self {
             Method::RetryOnly | Method::KeysOnly => Mode::RetryOnly,
             Method::VerifyOnly => Mode::VerifyOnly,
-            Method::VerifyBeforeRetry | Method::VbrNoServerKeys => Mode::VerifyBeforeRetry,
+            Method::VerifyBeforeRetry
+            | Method::VbrNoDeadlines
+            | Method::VbrNoServerKeys
+            | Method::VbrNeither
+            | Method::VbrNeitherUnsettled => Mode::VerifyBeforeRetry,
         }
     }
 
@@ -80,7 +131,18 @@ impl Method {
 
     /// Whether the server deduplicates keys.
     pub const fn server_honours_keys(self) -> bool {
-        !matches!(self, Method::VbrNoServerKeys)
+        !matches!(self, Method::VbrNoServerKeys | Method::VbrNeither | Method::VbrNeitherUnsettled)
+    }
+
+    /// Whether the server drops requests that reach it after their deadline.
+    pub const fn server_honours_deadlines(self) -> bool {
+        !matches!(self, Method::VbrNoDeadlines | Method::VbrNeither | Method::VbrNeitherUnsettled)
+    }
+
+    /// Whether the agent sets the settle margin a deadline-honouring server
+    /// documents (all but `vbr_neither_unsettled`).
+    pub const fn uses_settle_margin(self) -> bool {
+        !matches!(self, Method::VbrNeitherUnsettled)
     }
 
     /// Re-plans per step allowed (verify-only never tries again).
@@ -110,24 +172,51 @@ impl FromStr for Method {
 /// Knobs shared by every method, so they compare on equal terms.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
-    /// The verifier's read budget. The default believes `Absent` only after
-    /// 4 consecutive reads 400 ms apart: longer than the simulated replica's
-    /// worst lag (2 reads and 1 s), so a delayed write is never mistaken for
-    /// a missing one (section 4.3, implication 3).
+    /// The verifier's read budget per verification round: 6 reads 400 ms
+    /// apart. A `Holds` ends the round; an `Absent` is believed only after
+    /// the settle point (the engine waits for it and reads once more), so
+    /// the budget only decides how soon an effect is seen, never whether
+    /// a missing one is believed missing.
     pub verify: VerifyBudget,
     /// Virtual time every answered server call takes.
     pub latency: Duration,
     /// Re-plans of a step after `NotApplied`/`Failed`.
     pub replans: u32,
+    /// The deadline of each attempt, forwarded to the server: 1 s, the
+    /// simulator's `timeout_after`, so the client gives up when it tells
+    /// the server to.
+    pub attempt_timeout: Duration,
+    /// Re-issues of a call that ended `Unknown` (as the same logical call).
+    pub reissues: u32,
+    /// The pause before a re-issue: 30 s, by when all but 0.3% of late
+    /// arrivals have landed (their delay exceeds 30 s with probability
+    /// 0.1 s / 30 s) — what matters on a server that ignores deadlines,
+    /// where the effect of a call in doubt may still appear.
+    pub reissue_after: Duration,
+    /// Run the simulator as it was before late arrivals and the lag tail
+    /// ([`FaultProfile::legacy`]): timeouts split before/after applying.
+    pub legacy_faults: bool,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            verify: VerifyBudget::new(6, Duration::from_millis(400)).with_absent_reads(4),
+            verify: VerifyBudget::new(6, Duration::from_millis(400)),
             latency: Duration::from_millis(20),
             replans: 2,
+            attempt_timeout: Duration::from_secs(1),
+            reissues: 1,
+            reissue_after: Duration::from_secs(30),
+            legacy_faults: false,
         }
+    }
+}
+
+impl Settings {
+    /// The fault profile of a level under these settings.
+    pub fn profile(&self, level: FaultLevel) -> FaultProfile {
+        let profile = level.profile();
+        if self.legacy_faults { profile.legacy() } else { profile }
     }
 }
 
@@ -146,52 +235,90 @@ pub struct EpisodeSpec {
     pub settings: Settings,
 }
 
-/// What one episode did, scored on ground truth.
+impl EpisodeSpec {
+    /// The server this episode runs against.
+    pub fn server(&self) -> SimConfig {
+        SimConfig::new(self.seed, self.profile)
+            .with_honour_keys(self.method.server_honours_keys())
+            .with_honour_deadlines(self.method.server_honours_deadlines())
+            .with_latency(self.settings.latency)
+    }
+
+    /// The settle margin the agent sets: what the service documents for a
+    /// deadline-honouring server, whether or not this one keeps it; `None`
+    /// for the arm that keeps the library's default.
+    pub fn settle_margin(&self) -> Option<Duration> {
+        let documented = self.server().with_honour_deadlines(true);
+        settle_margin(&documented).filter(|_| self.method.uses_settle_margin())
+    }
+}
+
+/// What one episode did, scored on the ground truth once every late
+/// arrival has landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Episode {
-    /// The task's postcondition holds on the true state.
+    /// The task's postcondition holds on the final true state.
     pub success: bool,
     /// The agent reported success.
     pub claimed: bool,
     /// Some effect was applied more than once.
     pub duplicate: bool,
+    /// The agent stopped on a call still in doubt (`Unknown`).
+    pub in_doubt: bool,
     /// Tool dispatches (attempts, observation reads included).
     pub tool_calls: u32,
     /// Verifier reads.
     pub verifier_calls: u32,
-    /// Virtual time the episode took, in ms.
+    /// Virtual time the agent took, in ms (late arrivals that land after it
+    /// stopped are not counted).
     pub virtual_ms: u64,
 }
 
-/// Runs one episode on the current (paused-time) runtime.
+/// Runs one episode on the current (paused-time) runtime, its calls
+/// recorded in an in-memory ledger of its own.
 pub async fn episode(spec: &EpisodeSpec) -> Episode {
-    episode_traced(spec).await.0
+    episode_traced(spec, None).await.0
 }
 
-/// [`episode`], with the agent's report (its calls and outcomes).
-pub async fn episode_traced(spec: &EpisodeSpec) -> (Episode, AgentReport) {
+/// [`episode`], with the agent's report (its calls and outcomes); its calls
+/// are recorded in `shared` if given (under run ids of their own), else in an
+/// in-memory ledger of the episode's own.
+pub async fn episode_traced(spec: &EpisodeSpec, shared: Option<&Shared>) -> (Episode, AgentReport) {
     let method = spec.method;
-    let config = SimConfig::new(spec.seed, spec.profile)
-        .with_honour_keys(method.server_honours_keys())
-        .with_latency(spec.settings.latency);
-    let (server, oracle) = SimServer::new(config);
+    let settings = spec.settings;
+    let (server, oracle) = SimServer::new(spec.server());
     let client = SimClient::new(server, method.forwards_keys());
+    let settle = spec.settle_margin();
     let cx = Context::new("example-agent")
         .with_mode(method.mode())
-        .map_policies(|_, p| p.with_verify(spec.settings.verify))
+        .map_policies(|_, p| {
+            p.with_verify(settings.verify)
+                .with_attempt_timeout(Some(settings.attempt_timeout))
+                .with_settle(settle)
+        })
         .with_clock(Arc::new(TokioClock::starting_at(0)));
-    let mut planner = TaskPlanner::new(spec.task, method.replans(spec.settings.replans));
+    let (cx, run) = match shared {
+        Some(shared) => (
+            cx.with_ledger(Arc::clone(&shared.ledger)),
+            format!("{}-{}-{method}-{}", shared.run, spec.task.kind().name(), spec.seed),
+        ),
+        None => (cx, format!("episode-{}", spec.seed)),
+    };
+    let mut planner = TaskPlanner::new(spec.task, method.replans(settings.replans))
+        .with_reissues(settings.reissues, settings.reissue_after);
     let start = tokio::time::Instant::now();
-    let run = format!("episode-{}", spec.seed);
     let report = agent::run(&cx, &client, &run, &mut planner).await;
-    let truth = oracle.truth();
+    let virtual_ms = start.elapsed().as_millis() as u64;
+    let truth = oracle.final_truth().await;
+    let in_doubt = report.trace.last().is_some_and(|s| matches!(s.outcome, Outcome::Unknown(_)));
     let episode = Episode {
         success: spec.task.holds(&truth),
         claimed: report.claimed_success,
         duplicate: truth.has_duplicates(),
+        in_doubt: in_doubt && !report.claimed_success,
         tool_calls: client.calls(),
         verifier_calls: client.verifier_reads(),
-        virtual_ms: start.elapsed().as_millis() as u64,
+        virtual_ms,
     };
     (episode, report)
 }
@@ -223,6 +350,8 @@ pub struct CellStats {
     pub claimed: u64,
     /// Episodes reported successful whose postcondition does not hold.
     pub false_successes: u64,
+    /// Episodes that stopped on a call still in doubt.
+    pub in_doubt: u64,
     /// Tool dispatches, summed.
     pub tool_calls: u64,
     /// Verifier reads, summed.
@@ -239,6 +368,7 @@ impl CellStats {
         self.duplicates += u64::from(e.duplicate);
         self.claimed += u64::from(e.claimed);
         self.false_successes += u64::from(e.claimed && !e.success);
+        self.in_doubt += u64::from(e.in_doubt);
         self.tool_calls += u64::from(e.tool_calls);
         self.verifier_calls += u64::from(e.verifier_calls);
         self.virtual_ms += e.virtual_ms;
@@ -251,6 +381,7 @@ impl CellStats {
         self.duplicates += o.duplicates;
         self.claimed += o.claimed;
         self.false_successes += o.false_successes;
+        self.in_doubt += o.in_doubt;
         self.tool_calls += o.tool_calls;
         self.verifier_calls += o.verifier_calls;
         self.virtual_ms += o.virtual_ms;
@@ -260,6 +391,162 @@ impl CellStats {
     pub fn per_episode(&self, x: u64) -> f64 {
         if self.episodes == 0 { 0.0 } else { x as f64 / self.episodes as f64 }
     }
+}
+
+/// Where the experiment's calls are recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LedgerChoice {
+    /// An in-memory ledger per episode (the default).
+    #[default]
+    Memory,
+    /// One SQLite file for the whole run (`sqlite:PATH`).
+    Sqlite(std::path::PathBuf),
+    /// One Redis server for the whole run (`redis://HOST:PORT/`).
+    Redis(String),
+}
+
+impl FromStr for LedgerChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "memory" {
+            Ok(Self::Memory)
+        } else if let Some(path) = s.strip_prefix("sqlite:") {
+            Ok(Self::Sqlite(path.into()))
+        } else if s.starts_with("redis://") || s.starts_with("rediss://") {
+            Ok(Self::Redis(s.to_owned()))
+        } else {
+            Err(format!("unknown ledger {s:?}: expected memory, sqlite:PATH or redis://HOST:PORT/"))
+        }
+    }
+}
+
+impl LedgerChoice {
+    /// A handle on the chosen store, for one worker thread; `None` for the
+    /// in-memory default. Call it outside any runtime.
+    pub fn open(&self) -> Result<Option<Arc<dyn Ledger>>, String> {
+        let ledger: Arc<dyn Ledger> = match self {
+            Self::Memory => return Ok(None),
+            Self::Sqlite(path) => {
+                Arc::new(SqliteLedger::open(path).map_err(|e| format!("{}: {e}", path.display()))?)
+            }
+            Self::Redis(url) => Arc::new(RealTime::connect(url)?),
+        };
+        Ok(Some(ledger))
+    }
+}
+
+/// A Redis ledger seen from the experiment's paused-time runtimes. Paused
+/// time jumps to the next timer whenever the runtime waits, so a network
+/// round trip would look like an endless wait (and Redis's own timeouts
+/// would fire at once). Each operation runs instead on a real-time runtime of
+/// its own, from a blocking thread: tokio does not advance a paused clock
+/// while blocking work runs.
+struct RealTime {
+    ledger: Arc<RedisLedger>,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl RealTime {
+    fn connect(url: &str) -> Result<Self, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("a runtime for Redis: {e}"))?;
+        let ledger = rt.block_on(RedisLedger::connect(url)).map_err(|e| format!("{url}: {e}"))?;
+        Ok(Self { ledger: Arc::new(ledger), rt: Arc::new(rt) })
+    }
+
+    /// Runs `op` on the real-time runtime, from a blocking thread.
+    fn run<T, F>(
+        &self,
+        op: impl FnOnce(Arc<RedisLedger>) -> F + Send + 'static,
+    ) -> LedgerFuture<'_, T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, LedgerError>>,
+    {
+        let (ledger, rt) = (Arc::clone(&self.ledger), Arc::clone(&self.rt));
+        LedgerFuture::boxed(async move {
+            tokio::task::spawn_blocking(move || rt.block_on(op(ledger)))
+                .await
+                .unwrap_or_else(|e| Err(LedgerError::Unavailable(e.to_string())))
+        })
+    }
+}
+
+/// A completed value, materialized so that it can cross to another thread.
+struct Owned {
+    local: Arc<dyn std::any::Any + Send + Sync>,
+    encoded: Option<Vec<u8>>,
+}
+
+impl Recorded for Owned {
+    fn local(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        Arc::clone(&self.local)
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        self.encoded.clone()
+    }
+}
+
+impl Ledger for RealTime {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        self.run(move |l| async move { l.claim(request).await })
+    }
+
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()> {
+        self.run(move |l| async move { l.dispatching(key, fence, progress).await })
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()> {
+        let owned = match &end {
+            End::Completed(value) => Some(Owned { local: value.local(), encoded: value.encode() }),
+            End::Settled | End::InDoubt => None,
+        };
+        let settled = matches!(end, End::Settled);
+        self.run(move |l| async move {
+            let end = match &owned {
+                Some(value) => End::Completed(value),
+                None if settled => End::Settled,
+                None => End::InDoubt,
+            };
+            l.finish(key, fence, end).await
+        })
+    }
+
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        // RedisLedger::abandon spawns onto the runtime it is called on.
+        let _guard = self.rt.enter();
+        self.ledger.abandon(key, fence);
+    }
+
+    fn lease(&self) -> Duration {
+        self.ledger.lease()
+    }
+}
+
+/// A ledger shared by every episode of a run, with the run's id (so that
+/// two runs, or two processes, never share a key by accident; the episode
+/// adds its task, method and seed).
+#[derive(Clone)]
+pub struct Shared {
+    /// The ledger.
+    pub ledger: Arc<dyn Ledger>,
+    /// This run's id.
+    pub run: String,
 }
 
 /// The grid to run.
@@ -279,6 +566,8 @@ pub struct Config {
     pub threads: usize,
     /// Shared knobs.
     pub settings: Settings,
+    /// Where calls are recorded.
+    pub ledger: LedgerChoice,
 }
 
 impl Default for Config {
@@ -293,6 +582,7 @@ impl Default for Config {
             methods: Method::ALL.to_vec(),
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             settings: Settings::default(),
+            ledger: LedgerChoice::Memory,
         }
     }
 }
@@ -339,8 +629,8 @@ impl Results {
 const CHUNK: u64 = 64;
 
 /// Runs the grid; `progress` is told how many episodes each finished chunk
-/// held.
-pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Results {
+/// held. Fails only when the configured ledger cannot be opened.
+pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Result<Results, String> {
     let mut cells = Vec::new();
     for &task in &config.tasks {
         for &level in &config.levels {
@@ -352,13 +642,20 @@ pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Results {
     let chunks = config.episodes.div_ceil(CHUNK);
     let jobs = cells.len() * chunks as usize;
     let next = AtomicUsize::new(0);
-    let worker = || {
+    let run_id = format!(
+        "run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_millis())
+    );
+    let worker = || -> Result<Vec<CellStats>, String> {
         let rt = paused_runtime();
+        // A handle per worker: a store's connection lives on its runtime.
+        let ledger = config.ledger.open()?;
         let mut local = vec![CellStats::default(); cells.len()];
         loop {
             let job = next.fetch_add(1, Ordering::Relaxed);
             if job >= jobs {
-                return local;
+                return Ok(local);
             }
             let (ci, chunk) = (job / chunks as usize, job as u64 % chunks);
             let cell = &cells[ci];
@@ -368,12 +665,16 @@ pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Results {
                 let seed = episode_seed(config.seed, i);
                 let spec = EpisodeSpec {
                     task: cell.task.instance(seed),
-                    profile: cell.level.profile(),
+                    profile: config.settings.profile(cell.level),
                     seed,
                     method: cell.method,
                     settings: config.settings,
                 };
-                local[ci].add(&rt.block_on(episode(&spec)));
+                let shared = ledger.as_ref().map(|ledger| Shared {
+                    ledger: Arc::clone(ledger),
+                    run: format!("{run_id}-{}", cell.level),
+                });
+                local[ci].add(&rt.block_on(episode_traced(&spec, shared.as_ref())).0);
             }
             progress(n);
         }
@@ -381,14 +682,17 @@ pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Results {
     let threads = config.threads.clamp(1, jobs.max(1));
     let locals: Vec<Vec<CellStats>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
-        handles.into_iter().map(|h| h.join().expect("an experiment worker panicked")).collect()
-    });
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an experiment worker panicked"))
+            .collect::<Result<_, String>>()
+    })?;
     for local in &locals {
         for (cell, stats) in cells.iter_mut().zip(local) {
             cell.stats.merge(stats);
         }
     }
-    Results { config: config.clone(), cells }
+    Ok(Results { config: config.clone(), cells })
 }
 
 #[cfg(test)]
@@ -401,11 +705,24 @@ mod tests {
             assert_eq!(m.name().parse::<Method>(), Ok(m));
         }
         assert!("retry".parse::<Method>().is_err());
-        // The baseline alone sends no key; the ablation alone talks to a
-        // server that ignores them; verify-only alone never re-plans.
+        // The baseline alone sends no key; the ablations alone talk to
+        // servers that break a promise; verify-only alone never re-plans.
         let keyless: Vec<_> = Method::ALL.into_iter().filter(|m| !m.forwards_keys()).collect();
         assert_eq!(keyless, [Method::RetryOnly]);
-        assert!(!Method::VbrNoServerKeys.server_honours_keys());
+        let servers: Vec<_> = Method::ALL
+            .into_iter()
+            .map(|m| (m.server_honours_keys(), m.server_honours_deadlines()))
+            .collect();
+        use Method as M;
+        assert_eq!(servers[M::VerifyBeforeRetry as usize], (true, true));
+        assert_eq!(servers[M::VbrNoDeadlines as usize], (true, false));
+        assert_eq!(servers[M::VbrNoServerKeys as usize], (false, true));
+        assert_eq!(servers[M::VbrNeither as usize], (false, false));
+        assert_eq!(servers[M::VbrNeitherUnsettled as usize], (false, false));
+        assert_eq!(servers.iter().filter(|s| **s == (true, true)).count(), 4);
+        let unsettled: Vec<_> =
+            Method::ALL.into_iter().filter(|m| !m.uses_settle_margin()).collect();
+        assert_eq!(unsettled, [M::VbrNeitherUnsettled]);
         assert_eq!(Method::VerifyOnly.replans(2), 0);
         assert_eq!(Method::KeysOnly.mode(), Mode::RetryOnly);
     }
@@ -416,7 +733,13 @@ mod tests {
         let e = Episode { claimed: true, tool_calls: 3, virtual_ms: 10, ..Episode::default() };
         s.add(&e);
         s.add(&Episode { success: true, claimed: true, duplicate: true, ..e });
-        assert_eq!((s.episodes, s.successes, s.duplicates, s.false_successes), (2, 1, 1, 1));
-        assert_eq!((s.tool_calls, s.virtual_ms, s.per_episode(s.tool_calls)), (6, 20, 3.0));
+        s.add(&Episode { in_doubt: true, ..Episode::default() });
+        assert_eq!((s.episodes, s.successes, s.duplicates, s.false_successes), (3, 1, 1, 1));
+        assert_eq!((s.claimed, s.in_doubt), (2, 1));
+        let mut t = CellStats::default();
+        t.merge(&s);
+        t.merge(&s);
+        assert_eq!((t.episodes, t.in_doubt, t.tool_calls), (6, 2, 12));
+        assert_eq!((s.tool_calls, s.virtual_ms, s.per_episode(s.tool_calls)), (6, 20, 2.0));
     }
 }

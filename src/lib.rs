@@ -6,7 +6,8 @@
 //!   plain async fn under `#[verified_tool]`, with full-postcondition
 //!   verifiers;
 //! - [`agent`]: a ReAct-style loop over a [`Planner`](agent::Planner), with
-//!   a deterministic planner per task;
+//!   a deterministic planner per task that re-plans a `NotApplied` step as a
+//!   new call and re-issues an `Unknown` one as the same call (same key);
 //! - [`experiment`]: methods, the grid of episodes, scored on ground truth;
 //! - [`report`]: the table, the JSON cells and Figure 2 as SVG.
 //!
@@ -34,5 +35,6 @@
 
 pub mod agent;
 pub mod experiment;
+pub mod llm;
 pub mod report;
 pub mod tools;

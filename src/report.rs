@@ -9,6 +9,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::{Value, json};
 use verified_tools::sim::stats::{Interval, cohens_h, wilson95};
 
+use verified_tools::sim::FaultLevel;
+
 use crate::experiment::{Cell, Results};
 
 /// The proportions of one cell, with their intervals and effect sizes.
@@ -64,12 +66,87 @@ fn h(x: Option<f64>) -> String {
     x.map_or_else(|| "-".to_owned(), |x| format!("{x:+.2}"))
 }
 
+/// The summary: per task, one line per method with success, duplicate and
+/// false-success rates at each level; fits 100 columns.
+pub fn summary(results: &Results) -> String {
+    const METHOD: usize = 32;
+    let mut out = String::new();
+    let levels = &results.config.levels;
+    let group = levels.len() * 5;
+    let mut tasks = Vec::new();
+    for cell in &results.cells {
+        if !tasks.contains(&cell.task) {
+            tasks.push(cell.task);
+        }
+    }
+    let short = |level: FaultLevel| match level {
+        FaultLevel::Medium => "med",
+        FaultLevel::Extreme => "extr",
+        other => other.name(),
+    };
+    let level_names: String = levels.iter().map(|&l| format!("{:>5}", short(l))).collect();
+    for task in tasks {
+        let _ = writeln!(
+            out,
+            "{:<METHOD$}{:>group$}  {:>group$}  {:>group$}",
+            task.name(),
+            "success %",
+            "duplicates %",
+            "false succ. %",
+        );
+        let _ = writeln!(out, "{:<METHOD$}{level_names}  {level_names}  {level_names}", "method");
+        let mut methods = Vec::new();
+        for cell in results.cells.iter().filter(|c| c.task == task) {
+            if !methods.contains(&cell.method) {
+                methods.push(cell.method);
+            }
+        }
+        for method in methods {
+            let mut cols = [String::new(), String::new(), String::new()];
+            for &level in levels {
+                let cell = results
+                    .cells
+                    .iter()
+                    .find(|c| c.task == task && c.level == level && c.method == method);
+                let r = cell.map(|c| Rates::of(results, c));
+                for (col, rate) in cols.iter_mut().zip([
+                    r.map(|r| r.success),
+                    r.map(|r| r.duplicates),
+                    r.map(|r| r.false_success),
+                ]) {
+                    let _ = write!(col, "{:>5}", rate.map_or_else(|| "-".into(), short_pct));
+                }
+            }
+            let _ =
+                writeln!(out, "{:<METHOD$}{}  {}  {}", method.label(), cols[0], cols[1], cols[2]);
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "verify+retry: verify before retry against a server that honours no deadlines, no keys, or\n\
+         neither of them; no margin: without a settle margin (the library's default).\n",
+    );
+    out
+}
+
+/// A percentage in at most 4 characters: `100`, `99.8`, `0`.
+fn short_pct(p: f64) -> String {
+    let x = 100.0 * p;
+    if x >= 99.95 {
+        "100".to_owned()
+    } else if x <= 0.0 {
+        "0".to_owned()
+    } else {
+        format!("{x:.1}")
+    }
+}
+
 /// The paper-style table: one line per cell.
 pub fn table(results: &Results) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<17} {:<7} {:<19} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8}",
+        "{:<17} {:<7} {:<21} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8}",
         "task",
         "level",
         "method",
@@ -80,6 +157,7 @@ pub fn table(results: &Results) -> String {
         "h(s)",
         "h(d)",
         "false%",
+        "doubt%",
         "calls",
         "verif",
         "latency",
@@ -94,7 +172,7 @@ pub fn table(results: &Results) -> String {
         let s = &cell.stats;
         let _ = writeln!(
             out,
-            "{:<17} {:<7} {:<19} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6.2} {:>6.2} {:>7.2}s",
+            "{:<17} {:<7} {:<21} {:>6} {:<14} {:>5} {:<14} {:>6} {:>6} {:>6} {:>6} {:>6.2} {:>6.2} {:>7.2}s",
             cell.task.name(),
             cell.level.name(),
             cell.method.name(),
@@ -105,6 +183,7 @@ pub fn table(results: &Results) -> String {
             h(r.h_success),
             h(r.h_duplicates),
             pct(r.false_success),
+            pct(s.per_episode(s.in_doubt)),
             s.per_episode(s.tool_calls),
             s.per_episode(s.verifier_calls),
             s.per_episode(s.virtual_ms) / 1000.0,
@@ -113,9 +192,10 @@ pub fn table(results: &Results) -> String {
     let c = &results.config;
     let _ = writeln!(
         out,
-        "\n{} episodes per cell, seeds {}..={}. succ: postcondition holds on the ground truth; \
-         dup: some effect applied more than once;\nfalse: the agent reported success and the \
-         truth disagrees; h: Cohen's h against retry_only; calls, verif, latency: per episode \
+        "\n{} episodes per cell, seeds {}..={}. succ: postcondition holds on the ground truth \
+         (once late arrivals have landed); dup: some effect applied more than once;\nfalse: the \
+         agent reported success and the truth disagrees; doubt: the agent stopped on a call in \
+         doubt (Unknown); h: Cohen's h against retry_only;\ncalls, verif, latency: per episode \
          (virtual time).",
         c.episodes,
         c.seed,
@@ -143,6 +223,7 @@ pub fn json(results: &Results) -> Value {
                 "successes": s.successes,
                 "duplicates": s.duplicates,
                 "false_successes": s.false_successes,
+                "in_doubt": s.in_doubt,
                 "claimed_successes": s.claimed,
                 "tool_calls": s.tool_calls,
                 "verifier_calls": s.verifier_calls,
@@ -169,19 +250,26 @@ pub fn json(results: &Results) -> Value {
             "tasks": c.tasks.iter().map(|t| name(t)).collect::<Vec<_>>(),
             "levels": c.levels.iter().map(|l| name(l)).collect::<Vec<_>>(),
             "methods": c.methods.iter().map(|m| name(m)).collect::<Vec<_>>(),
+            "legacy_faults": c.settings.legacy_faults,
         },
         "cells": cells,
     })
 }
 
 /// One colour per method, in [`Method::ALL`](crate::experiment::Method::ALL) order.
-const COLOURS: [RGBColor; 5] = [
+const COLOURS: [RGBColor; 8] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(31, 119, 180),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
 ];
+
+/// Width of one legend entry.
+const LEGEND_SLOT: u32 = 210;
 
 /// Draws Figure 2: per task, success and duplicate rates (bars, with their
 /// 95% Wilson intervals as whiskers) per level and method; a 0% bar is
@@ -191,7 +279,9 @@ const COLOURS: [RGBColor; 5] = [
 pub fn svg(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let c = &results.config;
     let rows = c.tasks.len().max(1) as u32;
-    let root = SVGBackend::new(path, (1400, 76 + 420 * rows)).into_drawing_area();
+    // Wide enough for the legend in one row.
+    let width = (LEGEND_SLOT * c.methods.len() as u32 + 40).max(1400);
+    let root = SVGBackend::new(path, (width, 76 + 420 * rows)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
         "Success and duplicate actions per fault level and method ({} episodes per cell; \
@@ -227,7 +317,7 @@ fn draw_legend(
     methods: &[crate::experiment::Method],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (w, _) = area.dim_in_pixel();
-    let slot = 220;
+    let slot = LEGEND_SLOT as i32;
     let mut x = (w as i32 - slot * methods.len() as i32).max(0) / 2;
     for &method in methods {
         let colour = colour_of(method);

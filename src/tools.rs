@@ -7,18 +7,51 @@
 //! (`set_customer_status`, `update_invoice_row`, `create_record`) also verify
 //! after an OK answer (`verify_response = true`), because their partial
 //! success answers OK; so does `update_record_fields`, the repair of a
-//! partial `create_record`. Verifiers read through the server's replica, which may
-//! lag: the engine's [`VerifyBudget`](verified_tools::VerifyBudget) decides
-//! how many consecutive `Absent` reads are believed.
+//! partial `create_record`.
+//!
+//! Every write forwards its idempotency key (unless the client was built
+//! not to, as the paper's baseline) and its attempt's [`Deadline`] to the
+//! server. A server that honours deadlines applies a request by its
+//! deadline or never; its replica shows every applied write within the lag
+//! bound. Verifiers read through that replica, so a verifier's `Absent` is
+//! only worth believing once both have passed: [`settle_margin`] is the
+//! margin that follows from what the simulator guarantees, and the
+//! experiment sets it as the tools' [`RetryPolicy::settle`](verified_tools::RetryPolicy::settle)
+//! (through the context's policies rather than the `settle = ".."`
+//! attribute, so that one arm can run without a margin, the library's
+//! default).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use verified_tools::sim::{
     Customer, CustomerId, CustomerStatus, InvoiceId, InvoiceRow, Message, MessageKind, Record,
-    RecordId, RecordStatus, RowId, SimError, SimServer,
+    RecordId, RecordStatus, RowId, SimConfig, SimError, SimServer,
 };
-use verified_tools::{IdempotencyKey, Verdict, verified_tool};
+use verified_tools::{Deadline, IdempotencyKey, Verdict, verified_tool};
+
+/// The settle margin for tools of a server configured as `config`: how long
+/// after an attempt's deadline (or after an OK answer) a verifier's `Absent`
+/// can be believed. It is what the server guarantees
+/// ([`SimConfig::settle_bound`]: with deadlines honoured, the replica's lag
+/// bound, 5 s by default) plus the time one read takes (the engine looks at
+/// the clock when a read has *answered*, and the read saw the state when it
+/// started). `None` where the server gives no bound: then the engine never
+/// believes an `Absent` after an ambiguous failure.
+///
+/// ```
+/// use std::time::Duration;
+/// use verified_tools::sim::{FaultLevel, SimConfig};
+/// use verified_tools_suite::tools::settle_margin;
+///
+/// let cfg = SimConfig::new(42, FaultLevel::High.profile()).with_latency(Duration::from_millis(20));
+/// assert_eq!(settle_margin(&cfg), Some(Duration::from_millis(5_020)));
+/// assert_eq!(settle_margin(&cfg.with_honour_deadlines(false)), None);
+/// ```
+pub fn settle_margin(config: &SimConfig) -> Option<Duration> {
+    config.settle_bound().map(|bound| bound + config.latency)
+}
 
 /// The agent's handle on the server. It is `skip`ped from every key: it is
 /// the connection, not the action.
@@ -62,13 +95,20 @@ impl SimClient {
 }
 
 /// Creates the customer (status PENDING).
-#[verified_tool(side_effect = "high", verify = customer_exists, skip(client))]
+#[verified_tool(
+    side_effect = "high",
+    verify = customer_exists,
+    skip(client),
+    schema = true,
+    params(customer = "The customer's id.")
+)]
 pub async fn create_customer(
     client: &SimClient,
     customer: CustomerId,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Customer, SimError> {
-    client.server.create_customer(customer, client.dispatch(key)).await
+    client.server.create_customer(customer, client.dispatch(key), Some(deadline)).await
 }
 
 /// Creation's postcondition: the customer exists (in any status: a later
@@ -85,18 +125,27 @@ async fn customer_exists(
     side_effect = "high",
     verify = customer_active,
     skip(client),
-    verify_response = true
+    verify_response = true,
+    schema = true,
+    params(customer = "The customer's id.", expected_version = "The customer's current `version`, as last read or returned: the write is refused if it changed.")
 )]
 pub async fn set_customer_status(
     client: &SimClient,
     customer: CustomerId,
     expected_version: u64,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Customer, SimError> {
     let status = CustomerStatus::Active;
     client
         .server
-        .set_customer_status(customer, status, expected_version, client.dispatch(key))
+        .set_customer_status(
+            customer,
+            status,
+            expected_version,
+            client.dispatch(key),
+            Some(deadline),
+        )
         .await
 }
 
@@ -113,13 +162,20 @@ async fn customer_active(
 }
 
 /// Sends the customer's welcome message.
-#[verified_tool(side_effect = "high", verify = exactly_one_welcome, skip(client))]
+#[verified_tool(
+    side_effect = "high",
+    verify = exactly_one_welcome,
+    skip(client),
+    schema = true,
+    params(customer = "The customer's id.")
+)]
 pub async fn send_welcome(
     client: &SimClient,
     customer: CustomerId,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Message, SimError> {
-    client.server.send_welcome(customer, client.dispatch(key)).await
+    client.server.send_welcome(customer, client.dispatch(key), Some(deadline)).await
 }
 
 /// Exactly one welcome message exists. None is `Absent`. More than one
@@ -144,7 +200,9 @@ async fn exactly_one_welcome(
     side_effect = "high",
     verify = row_written,
     skip(client),
-    verify_response = true
+    verify_response = true,
+    schema = true,
+    params(row = "The invoice row's id.", invoice_id = "The invoice number.", amount = "The amount in cents.")
 )]
 pub async fn update_invoice_row(
     client: &SimClient,
@@ -152,8 +210,12 @@ pub async fn update_invoice_row(
     invoice_id: InvoiceId,
     amount: u64,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<InvoiceRow, SimError> {
-    client.server.update_invoice_row(row, invoice_id, amount, client.dispatch(key)).await
+    client
+        .server
+        .update_invoice_row(row, invoice_id, amount, client.dispatch(key), Some(deadline))
+        .await
 }
 
 /// row.exists ∧ row.invoice_id = a.invoice_id ∧ row.amount = a.amount: a
@@ -173,7 +235,9 @@ async fn row_written(
     side_effect = "high",
     verify = record_created,
     skip(client),
-    verify_response = true
+    verify_response = true,
+    schema = true,
+    params(record = "The record's id.", invoice_id = "The invoice number.", amount = "The amount in cents.")
 )]
 pub async fn create_record(
     client: &SimClient,
@@ -181,8 +245,12 @@ pub async fn create_record(
     invoice_id: InvoiceId,
     amount: u64,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Record, SimError> {
-    client.server.create_record(record, invoice_id, amount, client.dispatch(key)).await
+    client
+        .server
+        .create_record(record, invoice_id, amount, client.dispatch(key), Some(deadline))
+        .await
 }
 
 /// The record exists with both required fields (in any status).
@@ -203,7 +271,9 @@ async fn record_created(
     side_effect = "high",
     verify = record_fields_filled,
     skip(client),
-    verify_response = true
+    verify_response = true,
+    schema = true,
+    params(record = "The record's id.", invoice_id = "The invoice number.", amount = "The amount in cents.", expected_version = "The record's current `version`, as last read or returned: the write is refused if it changed.")
 )]
 pub async fn update_record_fields(
     client: &SimClient,
@@ -212,10 +282,18 @@ pub async fn update_record_fields(
     amount: u64,
     expected_version: u64,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Record, SimError> {
     client
         .server
-        .update_record_fields(record, invoice_id, amount, expected_version, client.dispatch(key))
+        .update_record_fields(
+            record,
+            invoice_id,
+            amount,
+            expected_version,
+            client.dispatch(key),
+            Some(deadline),
+        )
         .await
 }
 
@@ -234,7 +312,18 @@ async fn record_fields_filled(
 }
 
 /// Sets the record RECORDED, if it is still at `expected_version`.
-#[verified_tool(side_effect = "high", verify = record_recorded, skip(client))]
+#[verified_tool(
+    side_effect = "high",
+    verify = record_recorded,
+    skip(client),
+    schema = true,
+    params(
+        record = "The record's id.",
+        invoice_id = "The record's invoice number (checked, not written).",
+        amount = "The record's amount in cents (checked, not written).",
+        expected_version = "The record's current `version`, as last read or returned: the write is refused if it changed."
+    )
+)]
 pub async fn set_record_status(
     client: &SimClient,
     record: RecordId,
@@ -242,10 +331,14 @@ pub async fn set_record_status(
     amount: u64,
     expected_version: u64,
     key: IdempotencyKey,
+    deadline: Deadline,
 ) -> Result<Record, SimError> {
     let _ = (invoice_id, amount); // in the signature for the verifier only
     let status = RecordStatus::Recorded;
-    client.server.set_record_status(record, status, expected_version, client.dispatch(key)).await
+    client
+        .server
+        .set_record_status(record, status, expected_version, client.dispatch(key), Some(deadline))
+        .await
 }
 
 /// status = RECORDED with the invoice's id and amount. The fields are
@@ -268,7 +361,12 @@ fn has_fields(r: &Record, invoice_id: InvoiceId, amount: u64) -> bool {
 }
 
 /// Reads the customer (the agent's observation before re-planning a step).
-#[verified_tool(side_effect = "none", skip(client))]
+#[verified_tool(
+    side_effect = "none",
+    skip(client),
+    schema = true,
+    params(customer = "The customer's id.")
+)]
 pub async fn read_customer(
     client: &SimClient,
     customer: CustomerId,
@@ -278,7 +376,12 @@ pub async fn read_customer(
 }
 
 /// Reads the record (the agent's observation before re-planning a step).
-#[verified_tool(side_effect = "none", skip(client))]
+#[verified_tool(
+    side_effect = "none",
+    skip(client),
+    schema = true,
+    params(record = "The record's id.")
+)]
 pub async fn read_record(client: &SimClient, record: RecordId) -> Result<Option<Record>, SimError> {
     client.calls.fetch_add(1, Ordering::Relaxed);
     client.server.get_record(record).await

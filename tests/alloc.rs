@@ -21,9 +21,11 @@ use std::io;
 use std::sync::Arc;
 
 use serde::Serialize;
+use std::task::Poll;
 use tokio::runtime::Runtime;
 use verified_tools::audit::MemoryAudit;
-use verified_tools::ledger::MemoryLedger;
+
+use verified_tools::ledger::{Codec, MemoryLedger};
 use verified_tools::{Context, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine};
 
 struct Counting;
@@ -104,7 +106,8 @@ async fn save_draft(args: &Draft<'_>) -> Result<u64, io::Error> {
 
 async fn call(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
     let args = Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false };
-    engine::call(cx, &SAVE_DRAFT, &args, &args, |_key| save_draft(&args), engine::no_verifier())
+    let dispatch = |_attempt| save_draft(&args);
+    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
         .await
 }
 
@@ -126,10 +129,15 @@ fn no_timeout(cx: Context) -> Context {
 /// current-thread runtime. `same_key`: every call repeats the same logical
 /// call (seq 0); otherwise every call has a fresh key.
 fn allocs_per_call(cx: &Context, same_key: bool, expect: Proof) -> f64 {
+    allocs_per_call_after(cx, same_key, expect, WARM_UP)
+}
+
+/// The same after `warm_up` calls.
+fn allocs_per_call_after(cx: &Context, same_key: bool, expect: Proof, warm_up: u64) -> f64 {
     let rt = runtime();
     let seq = |i: u64| if same_key { 0 } else { i };
     rt.block_on(async {
-        for i in 0..WARM_UP {
+        for i in 0..warm_up {
             let r = call(cx, seq(i)).await;
             assert!(r.is_success(), "{r:?}");
         }
@@ -137,7 +145,7 @@ fn allocs_per_call(cx: &Context, same_key: bool, expect: Proof) -> f64 {
             // A fresh future per measured region, polled to completion here.
             futures_block(async {
                 let mut ok = 0;
-                for i in WARM_UP..WARM_UP + CALLS {
+                for i in warm_up..warm_up + CALLS {
                     if let ToolResult::Success { proof, .. } = call(cx, seq(i)).await {
                         ok += u64::from(proof == expect);
                     }
@@ -184,14 +192,16 @@ fn ledger_allocations_per_call() {
     let fresh = no_timeout(Context::new("agent"))
         .with_ledger(Arc::new(MemoryLedger::new()))
         .for_step("run-1", 1);
-    let per_fresh = allocs_per_call(&fresh, false, Proof::Response);
+    // Past the first growth of its 64 shards (maps and expiry queues): the
+    // steady state of a long-running ledger.
+    let per_fresh = allocs_per_call_after(&fresh, false, Proof::Response, 20_000);
     let hit = no_timeout(Context::new("agent"))
         .with_ledger(Arc::new(MemoryLedger::new()))
         .for_step("run-1", 1);
     let per_hit = allocs_per_call(&hit, true, Proof::Ledger);
     println!("ledger on, fresh key per call: {per_fresh} allocations/call");
     println!("ledger on, replay (hit) path: {per_hit} allocations/call");
-    // Fresh: the recorded value's Arc, plus the map's amortized growth.
+    // Fresh: the recorded value's Arc, plus the shards' amortized growth.
     assert!(per_fresh <= 1.1, "ledger (fresh key) allocates {per_fresh}/call");
     assert_eq!(per_hit, 0.0, "ledger hit path allocates {per_hit}/call");
 }
@@ -208,21 +218,42 @@ fn audit_allocations_per_call() {
         audit.events().len()
     );
     // Per call: the args as JSON (engine), then 3 events (planned,
-    // dispatched, verified_success), each copying the agent into a String,
-    // the planned one also the args; plus the Vec's amortized growth.
-    assert!(per_call <= 7.1, "MemoryAudit allocates {per_call}/call");
+    // dispatched, verified_success), each kept as a JSON string (grown once
+    // or twice while written), the planned one also its args; plus the
+    // Vec's amortized growth. The audit is opt-in, off the success path.
+    assert!(per_call <= 10.1, "MemoryAudit allocates {per_call}/call");
 }
 
-/// A tool that is not ready at once (one yield, as a real I/O call would
-/// pend): with the default timeout the attempt's tokio timer is now really
-/// registered in the time driver, so this shows whether that allocates.
+/// Pends once, waking itself at once: what a real I/O call does, without
+/// any runtime machinery of its own (tokio's `yield_now` defers its waker in
+/// a list that grows now and then, which is the runtime's allocation, not
+/// the engine's).
+struct PendOnce(bool);
+
+impl std::future::Future for PendOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if std::mem::replace(&mut self.0, true) {
+            Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// A tool that is not ready at once: with the default timeout the attempt's
+/// tokio timer (and the call's deadline) are really registered in the time
+/// driver, so this shows whether that allocates.
 async fn pending_call(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
     let args = Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false };
-    let dispatch = |_key| async {
-        tokio::task::yield_now().await;
+    let dispatch = |_attempt| async {
+        PendOnce(false).await;
         save_draft(&args).await
     };
-    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier()).await
+    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
+        .await
 }
 
 /// Allocations per call of `pending_call`, counted inside the runtime's

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use verified_tools::audit::{CallState, MemoryAudit};
 use verified_tools::{
-    Classify, Context, ErrorClass, IdempotencyKey, Proof, SideEffect, TokioClock, ToolResult,
-    Verdict, verified_tool,
+    Classify, Context, Deadline, ErrorClass, IdempotencyKey, Mode, Proof, SideEffect, TokioClock,
+    ToolResult, Verdict, verified_tool,
 };
 
 /// What the fake does on one dispatch.
@@ -27,6 +27,12 @@ enum Fault {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum SvcError {
     Invalid,
+}
+
+impl std::fmt::Display for SvcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("invalid request")
+    }
 }
 
 impl Classify for SvcError {
@@ -196,8 +202,12 @@ impl Crm {
     }
 }
 
+/// The fake settles at once: a request it did not apply by the attempt's
+/// deadline never will be, and its reads are never stale.
 fn context() -> Context {
-    Context::new("agent-1").with_clock(Arc::new(TokioClock::starting_at(1_700_000_000_000)))
+    Context::new("agent-1")
+        .with_clock(Arc::new(TokioClock::starting_at(1_700_000_000_000)))
+        .map_policies(|_, policy| policy.with_settle(Some(Duration::ZERO)))
 }
 
 #[tokio::test(start_paused = true)]
@@ -447,4 +457,61 @@ async fn json_arguments_call_the_same_logical_call() {
     let crm = Crm { svc: Service::with_faults(&[]), fail_reads: AtomicU32::new(0) };
     let closed = crm.close_account_json(&cx, &json!({"customer": 9})).await.expect("valid");
     assert!(matches!(closed, ToolResult::Success { value: 9, .. }), "{closed:?}");
+}
+
+/// Issue 9, case 4: an irreversible tool whose answer was lost after it
+/// applied, in the retry-only baseline mode: never dispatched again, handed
+/// to a person.
+#[tokio::test(start_paused = true)]
+async fn retry_only_never_resends_an_irreversible_tool_in_doubt() {
+    let crm = Crm {
+        svc: Service::with_faults(&[Fault::TimeoutAfterApply]),
+        fail_reads: AtomicU32::new(0),
+    };
+    let cx = context().with_mode(Mode::RetryOnly);
+    let result = crm.close_account(&cx, 11).await;
+    assert!(matches!(result, ToolResult::Escalated { .. }), "{result:?}");
+    assert_eq!(crm.svc.dispatch_keys().len(), 1);
+    assert_eq!(crm.svc.verifier_reads.load(Ordering::SeqCst), 0, "retry-only never reads");
+}
+
+/// Issue 9, case 7: `json = true` with a raw-identifier parameter.
+#[verified_tool(side_effect = "low", json = true)]
+async fn tag(r#type: &str, r#ref: u32, key: IdempotencyKey) -> Result<String, SvcError> {
+    let _ = key;
+    Ok(format!("{type}-{ref}", type = r#type, ref = r#ref))
+}
+
+#[tokio::test(start_paused = true)]
+async fn raw_identifiers_are_json_fields_by_their_plain_name() {
+    let cx = context().for_step("run", 1).without_ledger();
+    let typed = tag(&cx, "invoice", 3).await;
+    let from_json = tag_json(&cx, &serde_json::json!({"type": "invoice", "ref": 3})).await;
+    let from_json = from_json.expect("`type` and `ref` are the JSON fields");
+    assert!(matches!(&from_json, ToolResult::Success { value, .. } if value == "invoice-3"));
+    assert_eq!(from_json.key(), typed.key());
+}
+
+/// A `Deadline` parameter receives each attempt's deadline: the attribute's
+/// timeout from the attempt's start.
+#[verified_tool(side_effect = "low", timeout = "1500ms", retries = 1, skip(seen))]
+async fn upload(
+    seen: &Mutex<Vec<Duration>>,
+    part: u32,
+    deadline: Deadline,
+) -> Result<u32, SvcError> {
+    seen.lock().unwrap().push(deadline.remaining());
+    if seen.lock().unwrap().len() == 1 {
+        std::future::pending::<()>().await; // the first attempt hangs
+    }
+    Ok(part)
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_attempt_receives_its_own_deadline() {
+    let seen = Mutex::new(Vec::new());
+    let result = upload(&context(), &seen, 4).await;
+    assert!(matches!(result, ToolResult::Success { value: 4, .. }), "{result:?}");
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen, [Duration::from_millis(1500), Duration::from_millis(1500)]);
 }

@@ -9,7 +9,7 @@ use syn::Ident;
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
 
-use crate::parse::{self, ToolFn};
+use crate::parse::{self, Injected, ToolFn};
 use crate::validate::Tool;
 
 /// The generated entry point, the descriptor fn and the checks.
@@ -36,7 +36,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
         .params
         .iter()
         .enumerate()
-        .filter(|(i, p)| !p.is_key && !tool.skipped[*i])
+        .filter(|(i, p)| p.is_argument() && !tool.skipped[*i])
         .filter_map(|(i, p)| Some((p.ident.as_ref()?, &p.ty, tool.secret[i])))
         .collect();
     let key_vars: Vec<Ident> = key_params
@@ -91,15 +91,18 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             &__vt_args,
             __vt_dispatch,
             __vt_verify,
+            __vt_codec,
         )
     };
     let await_call = quote_spanned!(err_span=> __vt_call.await);
     let send_check = if tool.send { send_check(tool) } else { TokenStream::new() };
     let json_entry = if tool.json { json_entry(tool) } else { TokenStream::new() };
+    let schema_items = tool.schema.map(|span| schema_items(tool, span)).unwrap_or_default();
 
     quote! {
         #spec_fn
         #json_entry
+        #schema_items
 
         #(#attrs)*
         #vis async fn #ident #generics (#receiver #cx: &::verified_tools::Context, #(#params),*)
@@ -118,6 +121,13 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             let __vt_args = __VtArgs { #(#audit_fields: #audit_values,)* };
             let __vt_dispatch = #dispatch;
             let __vt_verify = #verify;
+            // Values that serialize are kept in the ledger for replays in
+            // other processes; others are obtained again by verifying.
+            let __vt_codec = {
+                #[allow(unused_imports)]
+                use ::verified_tools::ledger::{SerdeCodec as _, UnrecordedCodec as _};
+                (&::verified_tools::ledger::CodecProbe::<#ok>::new()).codec()
+            };
             let __vt_call = #call;
             #send_check
             #await_call
@@ -155,8 +165,8 @@ fn json_entry(tool: &Tool) -> TokenStream {
     let mut call_args = Vec::new();
     let mut known = Vec::new();
     for (i, p) in func.params.iter().enumerate() {
-        let Some(name) = p.ident.as_ref().filter(|_| !p.is_key) else { continue };
-        let local = Ident::new(&name.unraw().to_string(), Span::mixed_site());
+        let Some(name) = p.ident.as_ref().filter(|_| p.is_argument()) else { continue };
+        let local = hygienic(name);
         let ty = &p.ty;
         if tool.skipped[i] {
             params.push(quote!(#local: #ty));
@@ -165,34 +175,21 @@ fn json_entry(tool: &Tool) -> TokenStream {
         }
         let field = name.unraw().to_string();
         known.push(field.clone());
-        let (read_ty, lent) = match parse::peel(ty) {
-            syn::Type::Reference(r) => match parse::peel(&r.elem) {
-                syn::Type::Path(path) if path.path.is_ident("str") => (quote!(#ty), false),
-                syn::Type::Slice(slice) => {
-                    let elem = &slice.elem;
-                    (quote!(::std::vec::Vec<#elem>), true)
-                }
-                elem => (quote!(#elem), true),
-            },
-            _ => (quote!(#ty), false),
-        };
-        let error = if tool.secret[i] {
-            let text = format!("invalid value for secret field `{field}`");
-            quote!(|_| ::verified_tools::ArgsError::new(#spec_path.name, #text))
-        } else {
-            let format = format!("field `{field}`: {{}}");
-            quote!(|e| ::verified_tools::ArgsError::new(#spec_path.name, ::std::format!(#format, e)))
-        };
-        let missing = format!("missing field `{field}`");
+        let (read_ty, lent) = read_type(ty);
+        let secret = tool.secret[i];
         reads.push(quote! {
             let #local: #read_ty = match #object.get(#field) {
                 ::core::option::Option::Some(value) => {
-                    ::verified_tools::__private::Deserialize::deserialize(value).map_err(#error)?
+                    ::verified_tools::__private::args::check_depth(#spec_path.name, #field, value)?;
+                    ::verified_tools::__private::Deserialize::deserialize(value).map_err(|e| {
+                        ::verified_tools::__private::args::field_error(#spec_path.name, #field, &e, #secret)
+                    })?
                 }
                 // Absent reads as null: an `Option` is then `None`.
                 ::core::option::Option::None => {
-                    ::verified_tools::__private::Deserialize::deserialize(&__VT_NULL)
-                        .map_err(|_| ::verified_tools::ArgsError::new(#spec_path.name, #missing))?
+                    ::verified_tools::__private::Deserialize::deserialize(&__VT_NULL).map_err(|_| {
+                        ::verified_tools::__private::args::missing_field(#spec_path.name, #field)
+                    })?
                 }
             };
         });
@@ -205,7 +202,8 @@ fn json_entry(tool: &Tool) -> TokenStream {
     let doc = format!(
         " Calls [`{ident}`] with its key-relevant arguments taken from a JSON object, as an \
          LLM's tool call gives them; the skipped parameters are passed as Rust values. \
-         Unknown, missing or ill-typed fields are an `ArgsError`, before anything is dispatched."
+         Unknown, missing, ill-typed or too deeply nested fields are an `ArgsError` naming the \
+         field, before anything is dispatched."
     );
     quote! {
         #(#cfgs)*
@@ -218,10 +216,9 @@ fn json_entry(tool: &Tool) -> TokenStream {
             #arguments: &::verified_tools::__private::serde_json::Value,
         ) -> ::core::result::Result<::verified_tools::ToolResult<#ok, #err>, ::verified_tools::ArgsError> {
             let ::core::option::Option::Some(#object) = #arguments.as_object() else {
-                return ::core::result::Result::Err(::verified_tools::ArgsError::new(
-                    #spec_path.name,
-                    "the arguments must be a JSON object",
-                ));
+                return ::core::result::Result::Err(
+                    ::verified_tools::__private::args::not_an_object(#spec_path.name, #arguments),
+                );
             };
             const __VT_KNOWN: &[&str] = &[#(#known),*];
             static __VT_NULL: ::verified_tools::__private::serde_json::Value =
@@ -229,14 +226,158 @@ fn json_entry(tool: &Tool) -> TokenStream {
             if let ::core::option::Option::Some(unknown) =
                 #object.keys().find(|k| !__VT_KNOWN.contains(&k.as_str()))
             {
-                return ::core::result::Result::Err(::verified_tools::ArgsError::new(
-                    #spec_path.name,
-                    ::std::format!("unknown field `{}`, expected one of {:?}", unknown, __VT_KNOWN),
-                ));
+                return ::core::result::Result::Err(
+                    ::verified_tools::__private::args::unknown_field(#spec_path.name, unknown, __VT_KNOWN),
+                );
             }
             #(#reads)*
             ::core::result::Result::Ok(#target(#cx, #(#call_args),*).await)
         }
+    }
+}
+
+/// The type a JSON field is read as: the parameter's type, except that
+/// `&[T]` is read as `Vec<T>` and other `&T` (but `&str`) as `T`, then lent
+/// to the call (`true`).
+fn read_type(ty: &syn::Type) -> (TokenStream, bool) {
+    match parse::peel(ty) {
+        syn::Type::Reference(r) => match parse::peel(&r.elem) {
+            syn::Type::Path(path) if path.path.is_ident("str") => (quote!(#ty), false),
+            syn::Type::Slice(slice) => {
+                let elem = &slice.elem;
+                (quote!(::std::vec::Vec<#elem>), true)
+            }
+            elem => (quote!(#elem), true),
+        },
+        _ => (quote!(#ty), false),
+    }
+}
+
+/// `schema = true`: `<name>_tool::<S>()`, the tool for a `ToolSet<S>`: its
+/// descriptor, the JSON Schema of the arguments `<name>_json` takes, the
+/// outcome's schema when the value type has one, and the call, which takes
+/// the skipped parameters (or `&self`) from the state. Wrapped in
+/// `schema_items!`, which says how to turn on the `schema` feature when it
+/// is off.
+fn schema_items(tool: &Tool, schema_span: Span) -> TokenStream {
+    let func = &tool.func;
+    let vis = &func.item.vis;
+    let ident = &func.item.sig.ident;
+    let cfgs = func.item.attrs.iter().filter(|a| a.path().is_ident("cfg"));
+    let tool_fn = Ident::new(&format!("{}_tool", ident.unraw()), ident.span());
+    let json_fn = Ident::new(&format!("{}_json", ident.unraw()), ident.span());
+    let spec_fn = spec_fn_ident(func);
+    let (ok, err) = (&tool.ok, &tool.err);
+    let state = Ident::new("__VtS", Span::mixed_site());
+    let has = quote!(::verified_tools::toolset::Has);
+    let schema = quote!(::verified_tools::__private::schema);
+    let generator = Ident::new("__vt_generator", Span::mixed_site());
+    let (cx, state_arg, arguments) = (
+        Ident::new("cx", Span::mixed_site()),
+        Ident::new("state", Span::mixed_site()),
+        Ident::new("arguments", Span::mixed_site()),
+    );
+
+    let mut bounds = Vec::new();
+    let mut state_args = Vec::new();
+    let mut properties = Vec::new();
+    for (i, p) in func.params.iter().enumerate() {
+        let Some(name) = p.ident.as_ref().filter(|_| p.is_argument()) else { continue };
+        if tool.skipped[i] {
+            let (part, lent) = match parse::peel(&p.ty) {
+                syn::Type::Reference(r) => (&*r.elem, true),
+                other => (other, false),
+            };
+            bounds.push(quote!(#has<#part>));
+            let get = quote!(<#state as #has<#part>>::get(#state_arg));
+            state_args.push(if lent {
+                get
+            } else {
+                quote_spanned!(parse::focus_span(&p.ty)=> ::core::clone::Clone::clone(#get))
+            });
+            continue;
+        }
+        let field = name.unraw().to_string();
+        let (read_ty, _) = read_type(&p.ty);
+        let doc = match &tool.docs[i] {
+            Some(lit) => quote!(::core::option::Option::Some(#lit)),
+            None => quote!(::core::option::Option::None),
+        };
+        // Through `PhantomData`, spanned on the type: a type without a
+        // schema is one error, there.
+        let property = quote_spanned! {parse::focus_span(&p.ty)=>
+            ::core::marker::PhantomData::<#read_ty>.argument_type_must_implement_json_schema
+        };
+        properties.push(quote! {
+            #property(
+                &mut #generator,
+                #field,
+                #doc,
+                !#schema::accepts_null::<#read_ty>(),
+            )
+        });
+    }
+    let (spec_path, target) = match func.receiver {
+        Some(_) => {
+            bounds.insert(0, quote!(#has<Self>));
+            (quote!(Self::#spec_fn()), quote!(<#state as #has<Self>>::get(#state_arg).#json_fn))
+        }
+        None => (quote!(#spec_fn()), quote!(#json_fn)),
+    };
+    // A value that does not serialize is one error, on its type.
+    let outcome = Ident::new("__vt_outcome", Span::mixed_site());
+    let to_outcome = quote_spanned! {parse::focus_span(ok)=>
+        let #outcome = ::core::marker::PhantomData::<(#ok, #err)>.value_must_implement_serialize();
+    };
+    let ident_span = ident.span();
+    let boxed = quote_spanned! {ident_span=>
+        ::std::boxed::Box::pin(async move {
+            #to_outcome
+            match #target(#cx, #(#state_args,)* #arguments).await {
+                ::core::result::Result::Ok(result) => #outcome(result),
+                ::core::result::Result::Err(error) => {
+                    ::verified_tools::toolset::ToolOutcome::invalid_arguments(&error)
+                }
+            }
+        })
+    };
+    let doc = format!(
+        " The `{ident}` verified tool for a [`ToolSet`](::verified_tools::toolset::ToolSet): its \
+         descriptor, the JSON Schema of its arguments (and of its outcome, when the value type \
+         has one) and its JSON entry point, for any state that \
+         [`Has`](::verified_tools::toolset::Has) what the tool borrows."
+    );
+    let items = quote! {
+        #(#cfgs)*
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis fn #tool_fn<#state>() -> ::verified_tools::toolset::ToolDef<#state>
+        where
+            #state: ?::core::marker::Sized
+                + ::core::marker::Send
+                + ::core::marker::Sync
+                #(+ #bounds)*
+        {
+            #[allow(unused_imports)]
+            use #schema::{
+                ArgumentSchema as _, ValueOutcome as _, WithOutputSchema as _,
+                WithoutOutputSchema as _,
+            };
+            ::verified_tools::toolset::ToolDef::new(
+                #spec_path,
+                || {
+                    #[allow(unused_mut)]
+                    let mut #generator = #schema::generator();
+                    let properties = ::std::vec![#(#properties),*];
+                    #schema::object(#generator, properties)
+                },
+                (&#schema::OutputProbe::<#ok>::new()).output_schema(),
+                |#cx, #state_arg, #arguments| #boxed,
+            )
+        }
+    };
+    quote_spanned! {schema_span=>
+        ::verified_tools::__private::schema_items! { #items }
     }
 }
 
@@ -251,7 +392,7 @@ pub(crate) fn context_ident() -> Ident {
 pub(crate) fn entry_params(func: &ToolFn) -> Vec<TokenStream> {
     func.params
         .iter()
-        .filter(|p| !p.is_key)
+        .filter(|p| p.is_argument())
         .map(|p| {
             let attrs = &p.attrs;
             let ty = &p.ty;
@@ -301,19 +442,25 @@ fn spec(tool: &Tool) -> TokenStream {
     let retries = tool.retries.map(|n| quote!(.with_retries(#n)));
     let timeout =
         tool.timeout_ms.map(|ms| quote!(.with_timeout(::core::time::Duration::from_millis(#ms))));
+    let call_timeout = tool
+        .call_timeout_ms
+        .map(|ms| quote!(.with_call_timeout(::core::time::Duration::from_millis(#ms))));
+    let settle =
+        tool.settle_ms.map(|ms| quote!(.with_settle(::core::time::Duration::from_millis(#ms))));
     let bucket =
         tool.bucket_ms.map(|ms| quote!(.with_bucket(::core::time::Duration::from_millis(#ms))));
     let verify_response = tool.verify_response.map(|on| quote!(.with_verify_response(#on)));
-    let params = tool.func.params.iter().enumerate().filter(|(_, p)| !p.is_key).map(|(i, p)| {
-        let name = p.ident.as_ref().map(|i| i.unraw().to_string()).unwrap_or_default();
-        let ty = parse::type_string(&p.ty);
-        let skipped = tool.skipped[i].then(|| quote!(.skipped()));
-        let secret = tool.secret[i].then(|| quote!(.secret()));
-        quote!(::verified_tools::Param::new(#name, #ty) #skipped #secret)
-    });
+    let params =
+        tool.func.params.iter().enumerate().filter(|(_, p)| p.is_argument()).map(|(i, p)| {
+            let name = p.ident.as_ref().map(|i| i.unraw().to_string()).unwrap_or_default();
+            let ty = parse::type_string(&p.ty);
+            let skipped = tool.skipped[i].then(|| quote!(.skipped()));
+            let secret = tool.secret[i].then(|| quote!(.secret()));
+            quote!(::verified_tools::Param::new(#name, #ty) #skipped #secret)
+        });
     quote! {
         ::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::#variant)
-            #description #verifier #retries #timeout #bucket #verify_response
+            #description #verifier #retries #timeout #call_timeout #settle #bucket #verify_response
             .with_params(&[#(#params),*])
     }
 }
@@ -327,7 +474,7 @@ fn dispatch(tool: &Tool) -> TokenStream {
         syn::ReturnType::Type(_, ty) => quote!(#ty),
         syn::ReturnType::Default => quote!(()),
     };
-    let rebinds = tool.func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+    let rebinds = tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
         let name = p.ident.as_ref()?;
         let mutability = p.is_mut().then(|| quote!(mut));
         if p.is_shared_ref() {
@@ -342,18 +489,26 @@ fn dispatch(tool: &Tool) -> TokenStream {
             })
         }
     });
-    let key = Ident::new("__vt_key", Span::mixed_site());
-    let key_binding = tool.func.params.iter().find(|p| p.is_key).map(|p| {
-        let pat = &p.pat;
-        let ty = &p.ty;
-        quote!(let #pat: #ty = #key;)
-    });
-    let key_arg = if key_binding.is_some() { quote!(#key) } else { quote!(_) };
+    let attempt = Ident::new("__vt_attempt", Span::mixed_site());
+    let bindings: Vec<TokenStream> = tool
+        .func
+        .params
+        .iter()
+        .filter_map(|p| {
+            let (pat, ty) = (&p.pat, &p.ty);
+            let field = match p.injected? {
+                Injected::Key => quote!(key),
+                Injected::Deadline => quote!(deadline),
+            };
+            Some(quote!(let #pat: #ty = #attempt.#field;))
+        })
+        .collect();
+    let attempt_arg = if bindings.is_empty() { quote!(_) } else { quote!(#attempt) };
     quote! {
-        |#key_arg: ::verified_tools::IdempotencyKey| {
+        |#attempt_arg: ::verified_tools::engine::Attempt| {
             #(#rebinds)*
             async move {
-                #key_binding
+                #(#bindings)*
                 #[allow(
                     unknown_lints,
                     unreachable_code,
@@ -388,7 +543,7 @@ pub(crate) fn verifier(
         quote!(#path)
     };
     let receiver = is_method.then(|| quote_spanned!(span=> self,));
-    let args = func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+    let args = func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
         let name = ident_at(p.ident.as_ref()?, span);
         Some(if p.is_shared_ref() {
             quote_spanned!(span=> #name)
@@ -422,7 +577,7 @@ fn send_check(tool: &Tool) -> TokenStream {
     let span = tool.func.item.sig.ident.span();
     let receiver =
         tool.func.receiver.as_ref().map(|_| quote_spanned!(span=> __vt_assert_send(&self);));
-    let params = tool.func.params.iter().filter(|p| !p.is_key).filter_map(|p| {
+    let params = tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
         let name = ident_at(p.ident.as_ref()?, span);
         Some(quote_spanned!(span=> __vt_assert_send(&#name);))
     });
@@ -450,6 +605,18 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tt
         })
         .collect()
+}
+
+/// `name` with mixed-site hygiene (so no parameter can shadow the tool's own
+/// name), raw if it was written raw (`r#type`: a keyword as a plain
+/// identifier would not compile).
+fn hygienic(name: &Ident) -> Ident {
+    let plain = name.unraw().to_string();
+    if name.to_string().starts_with("r#") {
+        Ident::new_raw(&plain, Span::mixed_site())
+    } else {
+        Ident::new(&plain, Span::mixed_site())
+    }
 }
 
 /// The same identifier (raw ones included: `Ident::new("r#type")` would

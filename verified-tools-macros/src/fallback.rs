@@ -33,7 +33,7 @@ pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool
         let closure = expand::verifier(func, path, ok, verify_key);
         quote!(let _ = #closure;)
     });
-    let key_ty = func.params.iter().find(|p| p.is_key).map(|p| {
+    let key_ty = func.params.iter().filter(|p| !p.is_argument()).map(|p| {
         let ty = &p.ty;
         quote!(let _: ::core::option::Option<#ty> = ::core::option::Option::None;)
     });
@@ -47,7 +47,7 @@ pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool
         #where_clause
         {
             #verifier
-            #key_ty
+            #(#key_ty)*
             ::core::unimplemented!("#[verified_tool] could not expand: see the error above")
         }
     }

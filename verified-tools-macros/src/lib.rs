@@ -1,12 +1,10 @@
-//! The `#[verified_tool]` attribute of [verified-tools]; use it through its
-//! re-export `verified_tools::verified_tool`.
+//! The `#[verified_tool]` attribute of the `verified-tools` crate; use it
+//! through its re-export `verified_tools::verified_tool`.
 //!
 //! The crate is laid out like thiserror's: `parse.rs` reads the attribute
 //! and the signature into typed nodes, `validate.rs` checks the rules,
 //! `expand.rs` generates the code, `fallback.rs` emits a stub next to the
 //! errors so one mistake gives one message.
-//!
-//! [verified-tools]: https://docs.rs/verified-tools
 
 use proc_macro::TokenStream;
 

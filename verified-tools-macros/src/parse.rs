@@ -25,6 +25,8 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "verify",
     "retries",
     "timeout",
+    "call_timeout",
+    "settle",
     "bucket",
     "name",
     "skip",
@@ -33,6 +35,8 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "verify_key",
     "send",
     "json",
+    "schema",
+    "params",
 ];
 
 /// The side-effect classes, as written in `side_effect = "..."`.
@@ -79,7 +83,7 @@ pub(crate) struct SideEffectArg {
     pub lit: LitStr,
 }
 
-/// `timeout = "2s"` or `bucket = "5m"`, in milliseconds.
+/// `timeout = "2s"`, `settle = "2s"` or `bucket = "5m"`, in milliseconds.
 pub(crate) struct DurationArg {
     pub millis: u64,
 }
@@ -87,6 +91,13 @@ pub(crate) struct DurationArg {
 /// `skip(a, b)` or `secret(a)`: the names, as written.
 pub(crate) struct NameList {
     pub names: Vec<Ident>,
+}
+
+/// `params(a = "..", b = "..")`: one description per parameter.
+pub(crate) struct ParamDocs {
+    /// The `params` keyword.
+    pub key: Ident,
+    pub docs: Vec<(Ident, LitStr)>,
 }
 
 /// The attribute's arguments, each keeping its tokens for spans.
@@ -98,6 +109,8 @@ pub(crate) struct Args {
     pub verify: Option<syn::Path>,
     pub retries: Option<u32>,
     pub timeout: Option<DurationArg>,
+    pub call_timeout: Option<DurationArg>,
+    pub settle: Option<DurationArg>,
     pub bucket: Option<DurationArg>,
     pub name: Option<LitStr>,
     pub skip: Option<NameList>,
@@ -106,6 +119,8 @@ pub(crate) struct Args {
     pub verify_key: Option<LitBool>,
     pub send: Option<LitBool>,
     pub json: Option<LitBool>,
+    pub schema: Option<LitBool>,
+    pub params: Option<ParamDocs>,
 }
 
 /// One argument before interpretation: `key`, `key = tokens` or `key(tokens)`.
@@ -253,6 +268,16 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                     args.timeout = duration(&lit, "timeout", cx);
                 }
             }
+            "call_timeout" => {
+                if let Some(lit) = string_value(&key, value, "call_timeout = \"60s\"", cx) {
+                    args.call_timeout = duration(&lit, "call_timeout", cx);
+                }
+            }
+            "settle" => {
+                if let Some(lit) = string_value(&key, value, "settle = \"2s\"", cx) {
+                    args.settle = duration(&lit, "settle", cx);
+                }
+            }
             "bucket" => {
                 if let Some(lit) = string_value(&key, value, "bucket = \"5m\"", cx) {
                     args.bucket = duration(&lit, "bucket", cx);
@@ -278,13 +303,15 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                     args.secret = list;
                 }
             }
-            "verify_response" | "verify_key" | "send" | "json" => {
+            "params" => args.params = param_docs(&key, value, cx),
+            "verify_response" | "verify_key" | "send" | "json" | "schema" => {
                 let example = format!("{name} = true");
                 if let Some(tokens) = eq_value(&key, value, &example, cx) {
                     match syn::parse2::<LitBool>(tokens.clone()) {
                         Ok(lit) if name == "send" => args.send = Some(lit),
                         Ok(lit) if name == "verify_key" => args.verify_key = Some(lit),
                         Ok(lit) if name == "json" => args.json = Some(lit),
+                        Ok(lit) if name == "schema" => args.schema = Some(lit),
                         Ok(lit) => args.verify_response = Some(lit),
                         Err(_) => cx.error_spanned(
                             tokens,
@@ -352,6 +379,44 @@ fn name_list(key: &Ident, value: RawValue, cx: &Ctxt) -> Option<NameList> {
     }
 }
 
+/// `params(a = "..", b = "..")`: a description per parameter name.
+fn param_docs(key: &Ident, value: RawValue, cx: &Ctxt) -> Option<ParamDocs> {
+    const HOW: &str = "write `params(customer = \"The customer's id.\", note = \"..\")`";
+    let RawValue::List(tokens) = value else {
+        cx.error(key.span(), format!("`params` takes a description per parameter: {HOW}"));
+        return None;
+    };
+    // Errors point at the name whose description is missing or malformed
+    // (the end of the list has no span of its own).
+    let entry = |input: ParseStream| -> syn::Result<(Ident, LitStr)> {
+        let name = input.call(Ident::parse_any)?;
+        let at = |input: ParseStream| if input.is_empty() { name.span() } else { input.span() };
+        if input.parse::<Option<Token![=]>>()?.is_none() {
+            return Err(syn::Error::new(at(input), "expected `=`"));
+        }
+        let doc =
+            input.parse::<LitStr>().map_err(|_| syn::Error::new(at(input), "expected a string"))?;
+        Ok((name, doc))
+    };
+    let parser = |input: ParseStream| {
+        Punctuated::<(Ident, LitStr), Token![,]>::parse_terminated_with(input, entry)
+    };
+    match parser.parse2(tokens) {
+        Ok(docs) if docs.is_empty() => {
+            cx.error(key.span(), format!("`params()` describes no parameter: remove it or {HOW}"));
+            None
+        }
+        Ok(docs) => Some(ParamDocs { key: key.clone(), docs: docs.into_iter().collect() }),
+        Err(e) => {
+            cx.error(
+                e.span(),
+                format!("expected `name = \"description\"` pairs separated by commas: {HOW}"),
+            );
+            None
+        }
+    }
+}
+
 /// `"250ms"`, `"2s"`, `"5m"`, `"1h"` in milliseconds.
 fn duration(lit: &LitStr, what: &str, cx: &Ctxt) -> Option<DurationArg> {
     let text = lit.value();
@@ -411,11 +476,36 @@ pub(crate) struct FnParam {
     /// The binding, when the pattern is a plain `name` or `mut name`.
     pub ident: Option<Ident>,
     pub ty: Type,
-    /// Whether the type's last path segment is `IdempotencyKey`.
-    pub is_key: bool,
+    /// What the wrapper passes to it, if the caller does not.
+    pub injected: Option<Injected>,
+}
+
+/// A parameter the wrapper fills in, recognised by its type's last path
+/// segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Injected {
+    /// `IdempotencyKey`: the call's key.
+    Key,
+    /// `Deadline`: the attempt's deadline.
+    Deadline,
+}
+
+impl Injected {
+    /// The type's name.
+    pub(crate) fn type_name(self) -> &'static str {
+        match self {
+            Injected::Key => "IdempotencyKey",
+            Injected::Deadline => "Deadline",
+        }
+    }
 }
 
 impl FnParam {
+    /// Whether the caller passes it (it is not filled in by the wrapper).
+    pub(crate) fn is_argument(&self) -> bool {
+        self.injected.is_none()
+    }
+
     /// Whether the type is a shared reference `&T` (lent as is, never cloned).
     pub(crate) fn is_shared_ref(&self) -> bool {
         matches!(peel(&self.ty), Type::Reference(r) if r.mutability.is_none())
@@ -454,7 +544,7 @@ pub(crate) fn tool_fn(item: ItemFn) -> ToolFn {
                     pat: (*typed.pat).clone(),
                     ident,
                     ty: (*typed.ty).clone(),
-                    is_key: is_key_type(&typed.ty),
+                    injected: injected(&typed.ty),
                 });
             }
         }
@@ -475,12 +565,12 @@ pub(crate) fn peel(ty: &Type) -> &Type {
     }
 }
 
-/// Whether the type is a path whose last segment is `IdempotencyKey`.
-fn is_key_type(ty: &Type) -> bool {
-    match peel(ty) {
-        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "IdempotencyKey"),
-        _ => false,
-    }
+/// What the wrapper fills a parameter of this type with, if anything: a path
+/// whose last segment is `IdempotencyKey` or `Deadline`.
+fn injected(ty: &Type) -> Option<Injected> {
+    let Type::Path(p) = peel(ty) else { return None };
+    let last = &p.path.segments.last()?.ident;
+    [Injected::Key, Injected::Deadline].into_iter().find(|i| last == i.type_name())
 }
 
 /// `(T, E)` when the type is written `Result<T, E>` (any path ending so).

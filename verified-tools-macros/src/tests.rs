@@ -81,6 +81,46 @@ fn none_without_parameters() {
 }
 
 #[test]
+fn schema_with_params_and_two_skipped_parameters() {
+    insta::assert_snapshot!(expand(
+        quote!(
+            side_effect = "high",
+            verify = ticket_exists,
+            skip(crm, mailer),
+            schema = true,
+            params(title = "A one-line summary.", r#type = "`bug` or `question`.")
+        ),
+        quote! {
+            /// Opens a ticket and mails the customer.
+            pub async fn open_ticket(
+                crm: &Crm,
+                mailer: Arc<Mailer>,
+                title: &str,
+                r#type: Option<Kind>,
+                tags: &[String],
+                key: IdempotencyKey,
+            ) -> Result<Ticket, CrmError> {
+                crm.open(title, r#type, tags, &mailer, key).await
+            }
+        },
+        false,
+    ));
+}
+
+#[test]
+fn schema_on_a_method() {
+    insta::assert_snapshot!(expand(
+        quote!(side_effect = "none", schema = true),
+        quote! {
+            pub async fn find(&self, id: u64) -> Result<Option<Ticket>, CrmError> {
+                self.lookup(id).await
+            }
+        },
+        true,
+    ));
+}
+
+#[test]
 fn errors_come_with_a_stub_of_the_entry_point() {
     insta::assert_snapshot!(expand(
         quote!(side_effect = "hihg", skip(nope)),
@@ -116,6 +156,13 @@ fn durations_and_suggestions() {
     assert_eq!(crate::parse::suggest("hihg", crate::parse::CLASSES), Some("high"));
     assert_eq!(crate::parse::suggest("retry", crate::parse::ARGUMENTS), Some("retries"));
     assert_eq!(crate::parse::suggest("zzz", crate::parse::ARGUMENTS), None);
+    let cx = crate::ctxt::Ctxt::default();
+    let args = crate::parse::args(quote!(schema = true, params(a = "x", r#type = "y")), &cx);
+    assert!(cx.finish().is_ok());
+    let docs = args.params.expect("params");
+    let names: Vec<String> = docs.docs.iter().map(|(n, d)| format!("{n}={}", d.value())).collect();
+    assert_eq!(names, ["a=x", "r#type=y"]);
+    assert!(args.schema.is_some_and(|l| l.value));
 }
 
 #[test]

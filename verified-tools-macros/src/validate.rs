@@ -3,11 +3,10 @@
 
 use proc_macro2::Span;
 use syn::ext::IdentExt as _;
-use syn::spanned::Spanned as _;
 use syn::{LitStr, ReceiverKind, Type};
 
 use crate::ctxt::Ctxt;
-use crate::parse::{self, Args, Class, NameList, ToolFn};
+use crate::parse::{self, Args, Class, Injected, NameList, ToolFn};
 
 /// A checked tool: everything the expansion needs.
 pub(crate) struct Tool {
@@ -18,6 +17,8 @@ pub(crate) struct Tool {
     pub verify: Option<syn::Path>,
     pub retries: Option<u32>,
     pub timeout_ms: Option<u64>,
+    pub call_timeout_ms: Option<u64>,
+    pub settle_ms: Option<u64>,
     pub bucket_ms: Option<u64>,
     pub verify_response: Option<bool>,
     /// The verifier also receives the call's key, as its last argument.
@@ -25,6 +26,11 @@ pub(crate) struct Tool {
     pub send: bool,
     /// Also generate `<name>_json`, taking the key-relevant arguments from JSON.
     pub json: bool,
+    /// Also generate the arguments' JSON Schema and `<name>_tool()`, for a
+    /// tool set: the span of `schema = true`.
+    pub schema: Option<Span>,
+    /// Per parameter of `func.params`: its description in the schema.
+    pub docs: Vec<Option<LitStr>>,
     /// Per parameter of `func.params`: left out of the key and the audit.
     pub skipped: Vec<bool>,
     /// Per parameter of `func.params`: redacted in the audit.
@@ -86,8 +92,34 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
              concrete types; remove `json` or the generic parameters",
         );
     }
+    let schema = args.schema.as_ref().filter(|l| l.value);
+    if let Some(lit) = schema.filter(|_| generic) {
+        cx.error(
+            lit.span,
+            "`schema = true` is not supported on generic functions: the JSON Schema needs \
+             concrete types; remove `schema` or the generic parameters",
+        );
+    }
+    if let (Some(_), Some(json)) = (schema, args.json.as_ref().filter(|l| !l.value)) {
+        cx.error(
+            json.span,
+            "`schema = true` lists the tool with its `<name>_json` entry point: remove `json = false`",
+        );
+    }
+    if let (None, Some(docs)) = (schema, &args.params) {
+        cx.error(
+            docs.key.span(),
+            "`params(..)` describes the arguments in the tool's JSON Schema: add `schema = true`, \
+             or remove `params`",
+        );
+    }
     signature(&func, cx);
     let skipped = names(&func, args.skip.as_ref(), "skip", cx);
+    let docs = param_docs(&func, args.params.as_ref(), &skipped, cx);
+    if schema.is_some() {
+        listed_name(&func, args.name.as_ref(), cx);
+        state_types(&func, &skipped, cx);
+    }
     let secret = names(&func, args.secret.as_ref(), "secret", cx);
     if let Some(list) = &args.secret {
         for name in &list.names {
@@ -116,10 +148,14 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             verify: args.verify,
             retries: args.retries,
             timeout_ms: args.timeout.map(|d| d.millis),
+            call_timeout_ms: args.call_timeout.map(|d| d.millis),
+            settle_ms: args.settle.map(|d| d.millis),
             bucket_ms: args.bucket.map(|d| d.millis),
             verify_response: args.verify_response.map(|l| l.value),
             verify_key: args.verify_key.is_some_and(|l| l.value),
-            json: args.json.is_some_and(|l| l.value),
+            json: args.json.is_some_and(|l| l.value) || schema.is_some(),
+            schema: schema.map(|l| l.span),
+            docs,
             send: args.send.is_some_and(|l| l.value),
             skipped,
             secret,
@@ -192,17 +228,20 @@ fn signature(func: &ToolFn, cx: &Ctxt) {
             );
         }
     }
-    let mut key: Option<Span> = None;
+    let mut seen: Vec<Injected> = Vec::new();
     for param in &func.params {
-        if param.is_key {
-            if key.is_some() {
+        if let Some(injected) = param.injected {
+            if seen.contains(&injected) {
+                let ty = injected.type_name();
                 cx.error_spanned(
                     &param.ty,
-                    "a second `IdempotencyKey` parameter: the wrapper derives one key per call and \
-                     passes it to the single `IdempotencyKey` parameter; remove this one",
+                    format!(
+                        "a second `{ty}` parameter: the wrapper passes one `{ty}` per attempt to \
+                         the single `{ty}` parameter; remove this one"
+                    ),
                 );
             }
-            key = Some(param.ty.span());
+            seen.push(injected);
             continue;
         }
         if param.ident.is_none() {
@@ -229,7 +268,7 @@ fn names(func: &ToolFn, list: Option<&NameList>, what: &str, cx: &Ctxt) -> Vec<b
     let known: Vec<String> = func
         .params
         .iter()
-        .filter(|p| !p.is_key)
+        .filter(|p| p.is_argument())
         .filter_map(|p| p.ident.as_ref().map(ToString::to_string))
         .collect();
     for (i, name) in list.names.iter().enumerate() {
@@ -238,13 +277,16 @@ fn names(func: &ToolFn, list: Option<&NameList>, what: &str, cx: &Ctxt) -> Vec<b
             continue;
         }
         match func.params.iter().position(|p| p.ident.as_ref() == Some(name)) {
-            Some(index) if func.params[index].is_key => cx.error(
-                name.span(),
-                format!(
-                    "`{name}` is the `IdempotencyKey` parameter: it receives the derived key and is \
-                     never part of the key or the audit; remove it from `{what}(..)`"
-                ),
-            ),
+            Some(index) if !func.params[index].is_argument() => {
+                let ty = func.params[index].injected.map_or("", Injected::type_name);
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`{name}` is the `{ty}` parameter: the wrapper fills it in, and it is never \
+                         part of the key or the audit; remove it from `{what}(..)`"
+                    ),
+                )
+            }
             Some(index) => flags[index] = true,
             None => {
                 let written = name.to_string();
@@ -268,4 +310,138 @@ fn names(func: &ToolFn, list: Option<&NameList>, what: &str, cx: &Ctxt) -> Vec<b
         }
     }
     flags
+}
+
+/// Resolves `params(..)` to one description per parameter: each name must be
+/// an argument the model sends (not skipped, not filled in by the wrapper).
+fn param_docs(
+    func: &ToolFn,
+    docs: Option<&parse::ParamDocs>,
+    skipped: &[bool],
+    cx: &Ctxt,
+) -> Vec<Option<LitStr>> {
+    let mut out = vec![None; func.params.len()];
+    let Some(docs) = docs else { return out };
+    let arguments: Vec<String> = func
+        .params
+        .iter()
+        .zip(skipped)
+        .filter(|(p, s)| p.is_argument() && !**s)
+        .filter_map(|(p, _)| p.ident.as_ref().map(|i| i.unraw().to_string()))
+        .collect();
+    for (i, (name, doc)) in docs.docs.iter().enumerate() {
+        let written = name.unraw().to_string();
+        if docs.docs[..i].iter().any(|(n, _)| n.unraw() == written) {
+            cx.error(
+                name.span(),
+                format!("`{written}` is described twice in `params(..)`: remove one"),
+            );
+            continue;
+        }
+        if doc.value().trim().is_empty() {
+            cx.error(doc.span(), format!("the description of `{written}` is empty: write what the model should pass, or remove it"));
+            continue;
+        }
+        let index =
+            func.params.iter().position(|p| p.ident.as_ref().is_some_and(|i| i.unraw() == written));
+        match index {
+            Some(index) if !func.params[index].is_argument() => {
+                let ty = func.params[index].injected.map_or("", Injected::type_name);
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`{written}` is the `{ty}` parameter: the wrapper fills it in, and the model \
+                         never sends it; remove it from `params(..)`"
+                    ),
+                );
+            }
+            Some(index) if skipped[index] => cx.error(
+                name.span(),
+                format!(
+                    "`{written}` is skipped: it comes from the tool set's state, and the model never \
+                     sends it; remove it from `params(..)`"
+                ),
+            ),
+            Some(index) => out[index] = Some(doc.clone()),
+            None => {
+                let candidates: Vec<&str> = arguments.iter().map(String::as_str).collect();
+                let hint = parse::suggest(&written, &candidates)
+                    .map(|s| format!("did you mean `{s}`? "))
+                    .unwrap_or_default();
+                let listed = if candidates.is_empty() {
+                    "the model sends none".to_owned()
+                } else {
+                    format!("the arguments the model sends are: {}", parse::list(&candidates))
+                };
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`params` describes `{written}`, which is not a parameter of `{}`; {hint}{listed}",
+                        func.item.sig.ident
+                    ),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// A tool listed for models needs a name OpenAI, Anthropic and MCP all
+/// accept: 1 to 64 ASCII letters, digits, `_` and `-`.
+fn listed_name(func: &ToolFn, name: Option<&LitStr>, cx: &Ctxt) {
+    let (written, span) = match name {
+        Some(lit) => (lit.value(), lit.span()),
+        None => (func.item.sig.ident.unraw().to_string(), func.item.sig.ident.span()),
+    };
+    let ok = (1..=64).contains(&written.len())
+        && written.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !ok {
+        cx.error(
+            span,
+            format!(
+                "the tool name \"{written}\" cannot be listed for a model: OpenAI and Anthropic take \
+                 1 to 64 ASCII letters, digits, `_` and `-`; set one with `name = \"..\"`"
+            ),
+        );
+    }
+}
+
+/// With `schema = true`, the skipped parameters come from the tool set's
+/// state (`S: Has<T>`), so their type must name no lifetime but the outer
+/// reference's: `&Client` or an owned `Arc<Client>`.
+fn state_types(func: &ToolFn, skipped: &[bool], cx: &Ctxt) {
+    for (param, _) in func.params.iter().zip(skipped).filter(|(_, s)| **s) {
+        let inner = match parse::peel(&param.ty) {
+            Type::Reference(r) => &*r.elem,
+            other => other,
+        };
+        if has_lifetime(quote::ToTokens::to_token_stream(inner)) {
+            cx.error_spanned(
+                inner,
+                "with `schema = true` a skipped parameter is taken from the tool set's state: \
+                 its type must be `&T` or an owned `T`, without lifetimes (but `'static`) or \
+                 `impl Trait` (a client, an `Arc<Client>`)",
+            );
+        }
+    }
+}
+
+/// Whether the type names a lifetime other than `'static`, or `impl Trait`.
+fn has_lifetime(tokens: proc_macro2::TokenStream) -> bool {
+    let mut tokens = tokens.into_iter().peekable();
+    while let Some(tt) = tokens.next() {
+        let named = match tt {
+            proc_macro2::TokenTree::Punct(p) if p.as_char() == '\'' => {
+                !matches!(tokens.peek(), Some(proc_macro2::TokenTree::Ident(i)) if i == "static")
+            }
+            proc_macro2::TokenTree::Group(g) => has_lifetime(g.stream()),
+            // `impl Trait` cannot be named as a part of the state.
+            proc_macro2::TokenTree::Ident(i) => i == "impl",
+            _ => false,
+        };
+        if named {
+            return true;
+        }
+    }
+    false
 }

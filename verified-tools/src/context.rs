@@ -41,8 +41,21 @@ impl TokioClock {
 
 impl Clock for TokioClock {
     fn unix_ms(&self) -> u64 {
-        self.origin_unix_ms + self.origin.elapsed().as_millis() as u64
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_unix_ms.saturating_add(elapsed)
     }
+}
+
+/// What a call does when the ledger's store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LedgerOutage {
+    /// Refuse the call before anything is dispatched
+    /// ([`CallError::Ledger`](crate::CallError::Ledger)). The default.
+    #[default]
+    Refuse,
+    /// Let `none` and `low` tools proceed unrecorded (no replay, no
+    /// in-flight check); `high` and `irreversible` tools are still refused.
+    ProceedLowRisk,
 }
 
 /// What a call does when another call holds its key.
@@ -83,6 +96,7 @@ pub struct Context {
     policies: [RetryPolicy; 4],
     scope: Option<KeyScope>,
     in_flight: InFlight,
+    ledger_outage: LedgerOutage,
     clock: Arc<dyn Clock>,
     pub(crate) ledger: Option<Arc<dyn Ledger>>,
     pub(crate) audit: Option<Arc<dyn AuditSink>>,
@@ -103,6 +117,7 @@ impl Context {
                 poll: Duration::from_millis(50),
                 max: Duration::from_secs(30),
             },
+            ledger_outage: LedgerOutage::Refuse,
             clock: Arc::new(SystemClock),
             ledger: Some(Arc::new(MemoryLedger::new())),
             audit: None,
@@ -138,8 +153,18 @@ impl Context {
     /// tool's attribute set.
     pub fn policy_for(&self, spec: &ToolSpec) -> RetryPolicy {
         let mut policy = self.policy(spec.side_effect);
-        (policy.retries, policy.attempt_timeout, policy.verify_response) = overrides(spec, &policy);
+        let o = Overrides::of(spec, &policy);
+        policy.retries = o.retries;
+        policy.attempt_timeout = o.attempt_timeout;
+        policy.call_timeout = o.call_timeout;
+        policy.settle = o.settle;
+        policy.verify_response = o.verify_response;
         policy
+    }
+
+    /// What a call does when the ledger's store cannot be reached.
+    pub fn ledger_outage(&self) -> LedgerOutage {
+        self.ledger_outage
     }
 
     /// The key scope of one tool: the context's, else the tool's time bucket,
@@ -157,6 +182,11 @@ impl Context {
             }
             (None, None) => &KeyScope::DEFAULT,
         }
+    }
+
+    /// The key scope set on the context, if any.
+    pub(crate) fn scope(&self) -> Option<&KeyScope> {
+        self.scope.as_ref()
     }
 
     /// What a call does when its key is in flight.
@@ -199,13 +229,27 @@ impl Context {
     /// A copy whose calls all use this explicit key: make one per logical
     /// call. With a ledger, reusing it for another tool or other arguments is
     /// refused with [`CallError::KeyReuse`](crate::CallError::KeyReuse).
-    pub fn with_key(&self, key: crate::IdempotencyKey) -> Self {
+    pub fn for_key(&self, key: crate::IdempotencyKey) -> Self {
         self.clone().with_scope(KeyScope::Explicit(key))
+    }
+
+    /// A copy whose calls are keyed by the tool-call id an LLM provider gave
+    /// (`call_…`, `toolu_…`): a re-issue of the same tool call is the same
+    /// logical call, and a second call the model asked for is a new one.
+    pub fn for_tool_call(&self, id: impl Into<String>) -> Self {
+        self.clone().with_scope(KeyScope::ToolCall(id.into()))
     }
 
     /// Sets what a call does when its key is in flight.
     pub fn with_in_flight(mut self, in_flight: InFlight) -> Self {
         self.in_flight = in_flight;
+        self
+    }
+
+    /// Sets what a call does when the ledger's store cannot be reached
+    /// (refuse, by default).
+    pub fn with_ledger_outage(mut self, outage: LedgerOutage) -> Self {
+        self.ledger_outage = outage;
         self
     }
 
@@ -256,13 +300,25 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// The tool attribute's overrides of a class policy: retries, per-attempt
-/// timeout, response verification. One rule for [`Context::policy_for`] and
-/// the engine (which keeps the class policy by reference).
-pub(crate) fn overrides(spec: &ToolSpec, base: &RetryPolicy) -> (u32, Option<Duration>, bool) {
-    (
-        spec.retries.unwrap_or(base.retries),
-        spec.timeout.or(base.attempt_timeout),
-        spec.verify_response.unwrap_or(base.verify_response),
-    )
+/// The tool attribute's overrides of a class policy. One rule for
+/// [`Context::policy_for`] and the engine (which keeps the class policy by
+/// reference).
+pub(crate) struct Overrides {
+    pub(crate) retries: u32,
+    pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) call_timeout: Duration,
+    pub(crate) settle: Option<Duration>,
+    pub(crate) verify_response: bool,
+}
+
+impl Overrides {
+    pub(crate) fn of(spec: &ToolSpec, base: &RetryPolicy) -> Self {
+        Self {
+            retries: spec.retries.unwrap_or(base.retries),
+            attempt_timeout: spec.timeout.or(base.attempt_timeout),
+            call_timeout: spec.call_timeout.unwrap_or(base.call_timeout),
+            settle: spec.settle.or(base.settle),
+            verify_response: spec.verify_response.unwrap_or(base.verify_response),
+        }
+    }
 }

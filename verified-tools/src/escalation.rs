@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::{IdempotencyKey, Verdict};
 
 /// An irreversible call handed to a person.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Ticket {
     /// The call's key: the person checks the effect with it.
     pub key: IdempotencyKey,
@@ -19,8 +19,8 @@ pub struct Ticket {
     pub verdict: Verdict,
     /// What went wrong, in words.
     pub cause: String,
-    /// The call's arguments as JSON, secrets redacted.
-    pub args: Option<String>,
+    /// The call's arguments as a JSON object, secrets redacted.
+    pub args: Option<serde_json::Value>,
 }
 
 /// Where escalations go: a queue, a pager, a ticketing system.

@@ -16,6 +16,7 @@
 //! str(s)  = len(s) as unsigned LEB128, shortest form ‖ UTF-8 bytes of s
 //! scope   = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE     (time bucket)
 //!         | 0x01 ‖ str(run) ‖ step as u64 LE                                 (durable identity)
+//!         | 0x03 ‖ str(tool call id)                                         (tool call)
 //! ```
 //!
 //! (LEB128: seven bits per byte, low group first, the high bit set on every
@@ -80,21 +81,24 @@ impl IdempotencyKey {
         scope: &KeyScope,
         unix_ms: u64,
     ) -> Result<Self, KeyError> {
-        Self::derive_with_fingerprint(agent, action, payload, scope, unix_ms).map(|(key, _)| key)
+        Self::derive_call(agent, action, payload, scope, unix_ms, false).map(|derived| derived.key)
     }
 
-    /// The key and the payload fingerprint the ledger keeps with it.
+    /// The key of one logical call, its payload fingerprint, and, for a
+    /// time-bucketed scope, the key the same call had in the previous bucket
+    /// (so a re-issue across a bucket edge is still found in the ledger).
     ///
     /// A derived key already commits to the payload, so it is its own
     /// fingerprint; an explicit key does not, so its payload is hashed.
     #[inline]
-    pub(crate) fn derive_with_fingerprint<P: Serialize + ?Sized>(
+    pub(crate) fn derive_call<P: Serialize + ?Sized>(
         agent: &str,
         action: &str,
         payload: &P,
         scope: &KeyScope,
         unix_ms: u64,
-    ) -> Result<(Self, PayloadDigest), KeyError> {
+        with_previous: bool,
+    ) -> Result<Derived, KeyError> {
         // Built in place and only borrowed from here on: moving the hasher
         // would copy its stack window.
         let mut h = PayloadHasher::new();
@@ -102,6 +106,7 @@ impl IdempotencyKey {
         sink.update(b"vtk1");
         sink.len_bytes(agent.as_bytes());
         sink.len_bytes(action.as_bytes());
+        let mut previous_bucket = None;
         match scope {
             KeyScope::Explicit(key) => {
                 // The explicit key commits to nothing, so the fingerprint must
@@ -109,23 +114,50 @@ impl IdempotencyKey {
                 // tool reusing the key is then a mismatch, not a replay.
                 sink.byte(0x02);
                 h.encode(payload)?;
-                return Ok((*key, PayloadDigest::from_u128(h.digest128())));
+                let fingerprint = PayloadDigest::from_u128(h.digest128());
+                return Ok(Derived { key: *key, fingerprint, previous: None });
             }
             KeyScope::TimeBucket(width) => {
                 // A zero width would divide by zero; treat it as 1 ms buckets.
                 let width_ms = (width.as_millis() as u64).max(1);
                 sink.tagged_fixed(0x00, width_ms.to_le_bytes());
-                sink.update(&(unix_ms / width_ms).to_le_bytes());
+                let index = unix_ms / width_ms;
+                if let Some(before) = index.checked_sub(1).filter(|_| with_previous) {
+                    previous_bucket = Some((sink.position(), before));
+                }
+                sink.update(&index.to_le_bytes());
             }
             KeyScope::Durable { run, step } => {
                 sink.byte(0x01);
                 sink.len_bytes(run.as_bytes());
                 sink.update(&step.to_le_bytes());
             }
+            KeyScope::ToolCall(id) => {
+                sink.byte(0x03);
+                sink.len_bytes(id.as_bytes());
+            }
         }
         h.encode(payload)?;
         let key = h.digest128();
-        Ok((Self(key), PayloadDigest::from_u128(key)))
+        let previous = match (previous_bucket, scope) {
+            (Some((at, before)), KeyScope::TimeBucket(width)) => {
+                let patched =
+                    at.and_then(|at| h.sink().digest128_patched(at, before.to_le_bytes()));
+                // Spilled past the stack window: derive it again.
+                let width_ms = (width.as_millis() as u64).max(1);
+                let again = || {
+                    let earlier = before.saturating_mul(width_ms);
+                    Self::derive(agent, action, payload, scope, earlier).map(|k| k.0)
+                };
+                let k = match patched {
+                    Some(k) => k,
+                    None => again()?,
+                };
+                Some((Self(k), PayloadDigest::from_u128(k)))
+            }
+            _ => None,
+        };
+        Ok(Derived { key: Self(key), fingerprint: PayloadDigest::from_u128(key), previous })
     }
 
     /// The key as 32 lowercase hex digits, without allocating.
@@ -208,13 +240,38 @@ impl<'de> serde::Deserialize<'de> for IdempotencyKey {
     }
 }
 
+/// A derived key with what the ledger needs to look it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Derived {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) fingerprint: PayloadDigest,
+    /// The same call's key in the previous time bucket.
+    pub(crate) previous: Option<(IdempotencyKey, PayloadDigest)>,
+}
+
 /// What, besides agent, action and payload, separates one logical call from
 /// another with the same arguments.
+///
+/// Which to use:
+///
+/// | the caller has | scope | a repeat with the same arguments is |
+/// |---|---|---|
+/// | an LLM provider's tool-call id | [`ToolCall`](KeyScope::ToolCall) (`Context::for_tool_call`) | the same call only with the same id |
+/// | a durable run id and step number | [`Durable`](KeyScope::Durable) (`Context::for_step`) | the same call only at the same step |
+/// | its own key for the action | [`Explicit`](KeyScope::Explicit) (`Context::for_key`) | the same call only with the same key |
+/// | nothing | [`TimeBucket`](KeyScope::TimeBucket) (the default, 5 min) | the same call within about one bucket |
+///
+/// A time bucket is a guess at what "the same call" means; prefer an
+/// identity the caller already has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyScope {
     /// Calls in the same time bucket of this width are the same logical call
     /// (the paper's `timestamp_bucket`). The bucket is read once per logical
-    /// call, so retries that cross a bucket edge keep their key.
+    /// call, so retries that cross a bucket edge keep their key; and a call
+    /// whose key in the *previous* bucket is still recorded in the ledger is
+    /// that call (a re-issue across a bucket edge verifies first, or replays).
+    /// So calls less than one width apart are always the same call, calls two
+    /// widths apart never are.
     TimeBucket(Duration),
     /// A durable identity given by the caller, as Temporal does with run id +
     /// activity id: the same run and step are the same logical call, whenever
@@ -228,6 +285,11 @@ pub enum KeyScope {
     /// A key chosen by the caller. The ledger rejects its reuse with a
     /// different payload.
     Explicit(IdempotencyKey),
+    /// The id an LLM provider gave the tool call (`call_…`, `toolu_…`): the
+    /// model's own identity of one logical call. A model that asks twice for
+    /// the same thing makes two calls, with two ids; a re-issue of one call
+    /// (after a crash, a dropped connection) keeps its id.
+    ToolCall(String),
 }
 
 impl KeyScope {
@@ -237,5 +299,53 @@ impl KeyScope {
     /// A durable identity scope.
     pub fn durable(run: impl Into<String>, step: u64) -> Self {
         KeyScope::Durable { run: run.into(), step }
+    }
+
+    /// A tool-call id scope.
+    pub fn tool_call(id: impl Into<String>) -> Self {
+        KeyScope::ToolCall(id.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use erased::Payload as _;
+
+    /// The previous bucket's key, patched into the stack window or derived
+    /// again when the encoding spilled out of it, is the key a call made
+    /// during the previous bucket had.
+    #[test]
+    fn the_previous_bucket_key_is_the_key_of_the_previous_bucket() {
+        let width = Duration::from_secs(300);
+        let scope = KeyScope::TimeBucket(width);
+        let now = 1_700_000_123_456u64;
+        let long = "p".repeat(600);
+        let payloads: [&dyn erased::Payload; 2] = [&(42u64, "short"), &(long.as_str(),)];
+        for payload in payloads {
+            let derived = payload.call("agent-a", "send", &scope, now);
+            let earlier = payload.call("agent-a", "send", &scope, now - 300_000).key;
+            assert_eq!(derived.previous, Some((earlier, PayloadDigest::from_u128(earlier.0))));
+            assert_ne!(derived.key, earlier);
+        }
+        // The first bucket has none; neither has another scope.
+        let first = (1u8,).call("a", "b", &scope, 5);
+        assert_eq!(first.previous, None);
+        let durable = (1u8,).call("a", "b", &KeyScope::durable("r", 1), now);
+        assert_eq!(durable.previous, None);
+    }
+
+    mod erased {
+        use super::*;
+
+        pub(super) trait Payload {
+            fn call(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> Derived;
+        }
+
+        impl<T: Serialize> Payload for T {
+            fn call(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> Derived {
+                IdempotencyKey::derive_call(agent, action, self, scope, ms, true).unwrap()
+            }
+        }
     }
 }

@@ -42,9 +42,29 @@ pub struct RetryPolicy {
     pub retries: u32,
     /// Wait before verifying (and, in retry-only mode, before retrying).
     pub backoff: Backoff,
-    /// Limit of one attempt; past it the attempt counts as ambiguous.
-    /// Also bounds each verifier read.
+    /// Limit of one attempt; past it the attempt counts as ambiguous. The
+    /// attempt's deadline is handed to the tool (a [`Deadline`](crate::Deadline)
+    /// parameter) to forward to a server that honours deadlines. Also bounds
+    /// each verifier read. `None`: only the call's deadline bounds it.
     pub attempt_timeout: Option<Duration>,
+    /// Limit of the whole logical call: attempts, verifier reads, waits and
+    /// backoff together. Whatever the tool and the verifier do, the call ends
+    /// by then (`Unknown` with [`UnknownReason::DeadlineExceeded`](crate::UnknownReason::DeadlineExceeded)
+    /// if anything was dispatched). It must not exceed the ledger's lease.
+    pub call_timeout: Duration,
+    /// The settle margin: how long after an attempt's deadline (or after an
+    /// `Ok` answer the verifier did not confirm) the service may still apply
+    /// that attempt, or still hide its effect from the verifier (a request
+    /// delayed in the network, a commit still running, a lagging replica).
+    ///
+    /// A verifier's `Absent` is believed, for a retry or for
+    /// [`NotApplied`](crate::ToolResult::NotApplied), only when read after
+    /// that point; the engine waits for it while the call's deadline allows.
+    /// `None` (the default): the service gives no bound, so `Absent` is never
+    /// believed after an ambiguous failure and such a call ends `Unknown`
+    /// (`Escalated` if irreversible) with its key. Set it to the service's
+    /// worst case: replica lag plus the time a request may travel or queue.
+    pub settle: Option<Duration>,
     /// Verifier reads allowed for delayed visibility.
     pub verify: VerifyBudget,
     /// Verify even after the tool answered `Ok`, to catch partial success that
@@ -70,9 +90,23 @@ impl RetryPolicy {
             retries,
             backoff: Backoff::DEFAULT,
             attempt_timeout: Some(Duration::from_secs(30)),
+            call_timeout: Duration::from_secs(120),
+            settle: None,
             verify: VerifyBudget::DEFAULT,
             verify_response: false,
         }
+    }
+
+    /// Sets the deadline of the whole logical call.
+    pub const fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets the settle margin (see [`settle`](Self::settle)).
+    pub const fn with_settle(mut self, settle: Option<Duration>) -> Self {
+        self.settle = settle;
+        self
     }
 
     /// Sets the retry budget.
@@ -121,7 +155,8 @@ pub struct Backoff {
     pub factor: u32,
     /// Upper bound of one wait.
     pub max: Duration,
-    /// Share of the wait that jitter may remove, in `[0, 1]`.
+    /// Share of the wait that jitter may remove, in `[0, 1]`; values outside
+    /// are clamped, NaN counts as 0.
     pub jitter: f64,
     /// Seed of the jitter.
     pub seed: u64,
@@ -157,12 +192,17 @@ impl Backoff {
         let draw = splitmix64(self.seed ^ (k as u64) ^ ((k >> 64) as u64) ^ u64::from(attempt));
         // 53 random bits → a uniform fraction in [0, 1).
         let unit = (draw >> 11) as f64 / (1u64 << 53) as f64;
-        base.mul_f64(1.0 - self.jitter.clamp(0.0, 1.0) * unit)
+        let jitter = if self.jitter.is_nan() { 0.0 } else { self.jitter.clamp(0.0, 1.0) };
+        base.mul_f64(1.0 - jitter * unit)
     }
 }
 
-/// How long the engine keeps reading the verifier for delayed visibility
-/// before it accepts `Unknown`.
+/// How often the engine reads the verifier after an ambiguous failure.
+///
+/// A `Holds` ends the call at once. An `Absent` is believed only once the
+/// last attempt has settled (see [`RetryPolicy::settle`]): when the reads run
+/// out before that point, the engine waits for it and reads once more, if
+/// the call's deadline allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerifyBudget {
@@ -170,20 +210,16 @@ pub struct VerifyBudget {
     pub reads: u32,
     /// Wait between two reads.
     pub interval: Duration,
-    /// Consecutive `Absent` reads needed before `Absent` is believed: more
-    /// than one guards retries against stale replicas on servers that ignore
-    /// keys.
-    pub absent_reads: u32,
 }
 
 impl VerifyBudget {
-    /// Three reads, 250 ms apart; one `Absent` is believed.
+    /// Three reads, 250 ms apart.
     pub const DEFAULT: VerifyBudget =
-        VerifyBudget { reads: 3, interval: Duration::from_millis(250), absent_reads: 1 };
+        VerifyBudget { reads: 3, interval: Duration::from_millis(250) };
 
-    /// A budget of `reads` reads `interval` apart.
+    /// A budget of `reads` reads (at least one) `interval` apart.
     pub const fn new(reads: u32, interval: Duration) -> Self {
-        Self { reads, interval, absent_reads: 1 }
+        Self { reads, interval }
     }
 
     /// Sets the number of reads.
@@ -195,13 +231,6 @@ impl VerifyBudget {
     /// Sets the wait between two reads.
     pub const fn with_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
-        self
-    }
-
-    /// Sets how many consecutive `Absent` reads are believed (at most
-    /// `reads`; more could never be met).
-    pub const fn with_absent_reads(mut self, absent_reads: u32) -> Self {
-        self.absent_reads = absent_reads;
         self
     }
 }
@@ -238,6 +267,20 @@ mod tests {
         }
         let differs = (1..10).any(|n| a.delay(n, key) != b.delay(n, key));
         assert!(differs, "seed must change the jitter");
+    }
+
+    #[test]
+    fn nan_or_out_of_range_jitter_never_panics() {
+        let key = IdempotencyKey::from_u128(3);
+        for jitter in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 7.0] {
+            let b = Backoff::DEFAULT.with_jitter(jitter, 1);
+            let d = b.delay(1, key);
+            assert!(d <= Backoff::DEFAULT.initial, "{jitter}: {d:?}");
+        }
+        assert_eq!(
+            Backoff::DEFAULT.with_jitter(f64::NAN, 1).delay(1, key),
+            Backoff::DEFAULT.initial
+        );
     }
 
     #[test]

@@ -38,6 +38,18 @@ pub enum Cause<E> {
     Interrupted,
 }
 
+impl<E> Cause<E> {
+    /// The same cause with its error mapped.
+    pub fn map_err<F>(self, f: impl FnOnce(E) -> F) -> Cause<F> {
+        match self {
+            Cause::Error(e) => Cause::Error(f(e)),
+            Cause::TimedOut(d) => Cause::TimedOut(d),
+            Cause::Unconfirmed => Cause::Unconfirmed,
+            Cause::Interrupted => Cause::Interrupted,
+        }
+    }
+}
+
 /// Why a call ended [`Unknown`](ToolResult::Unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,6 +62,20 @@ pub enum UnknownReason {
     Superseded,
     /// The verifier answered `Unknown` (or failed) for its whole read budget.
     VerifierInconclusive,
+    /// The verifier read `Absent`, but before the last attempt had settled
+    /// (its deadline plus the settle margin, see
+    /// [`RetryPolicy::settle`](crate::RetryPolicy::settle)): the attempt may
+    /// still land, or be hidden by a lagging replica. A later call with the
+    /// same key verifies again, and believes `Absent` once settled.
+    Unsettled,
+    /// The call's deadline struck with the effect in doubt.
+    DeadlineExceeded,
+    /// The ledger's store failed mid-call: nothing more was dispatched.
+    LedgerUnavailable,
+    /// An earlier call with this key completed, its value was not kept
+    /// (it does not serialize), and the verifier could not show it.
+    /// Nothing was dispatched.
+    ValueNotRecorded,
 }
 
 /// The outcome of one logical call of a verified tool.
@@ -86,16 +112,19 @@ pub enum ToolResult<T, E> {
         /// The call's key.
         key: IdempotencyKey,
     },
-    /// The verifier confirmed the effect absent and no retry was left (or the
-    /// mode does not retry). Safe to re-issue with the same key.
+    /// The effect is known not to have happened: the verifier read `Absent`
+    /// after the last attempt had settled (or no attempt left the client),
+    /// and no retry was left or allowed. The key's budget is spent: doing it
+    /// after all is a new logical call, the caller's decision.
     NotApplied {
         /// What went wrong.
         cause: Cause<E>,
         /// The call's key.
         key: IdempotencyKey,
     },
-    /// The budget ran out while the state stayed ambiguous. Do not re-issue
-    /// blindly: verify later with this key.
+    /// The effect is in doubt and nothing more could be done. Do not make a
+    /// new call for it: re-issue the *same* logical call (same key) later,
+    /// which verifies first, or check with this key.
     Unknown {
         /// Why it stayed ambiguous.
         reason: UnknownReason,
@@ -107,7 +136,10 @@ pub enum ToolResult<T, E> {
     /// An irreversible action whose outcome was not proven was handed to a
     /// person (see [`Escalation`](crate::Escalation)).
     Escalated {
-        /// The last verdict: `Absent` (a retry would be needed) or `Unknown`.
+        /// Why it stayed in doubt.
+        reason: UnknownReason,
+        /// The last verdict: `Absent` read too early to be believed, or
+        /// `Unknown`.
         verdict: Verdict,
         /// The last failure.
         cause: Cause<E>,
@@ -141,6 +173,26 @@ impl<T, E> ToolResult<T, E> {
         match self {
             ToolResult::Success { value, .. } => Ok(value),
             other => Err(other),
+        }
+    }
+
+    /// The same outcome with the tool's error mapped (in `Failed` and in
+    /// every [`Cause`]).
+    pub fn map_err<F>(self, f: impl FnMut(E) -> F) -> ToolResult<T, F> {
+        let mut f = f;
+        match self {
+            ToolResult::Success { value, proof, key } => ToolResult::Success { value, proof, key },
+            ToolResult::Failed { error, key } => ToolResult::Failed { error: f(error), key },
+            ToolResult::NotApplied { cause, key } => {
+                ToolResult::NotApplied { cause: cause.map_err(f), key }
+            }
+            ToolResult::Unknown { reason, cause, key } => {
+                ToolResult::Unknown { reason, cause: cause.map_err(f), key }
+            }
+            ToolResult::Escalated { reason, verdict, cause, key } => {
+                ToolResult::Escalated { reason, verdict, cause: cause.map_err(f), key }
+            }
+            ToolResult::Refused(error) => ToolResult::Refused(error),
         }
     }
 
@@ -188,15 +240,30 @@ pub enum CallError {
         /// The key in flight.
         key: IdempotencyKey,
     },
-    /// The ledger backend failed.
-    #[error("tool `{tool}`: ledger error for key {key}: {message}")]
+    /// The ledger could not claim the key (its store is unreachable, or
+    /// full of records in doubt): refused, fail closed.
+    #[error("tool `{tool}`: ledger error for key {key}: {source}")]
     Ledger {
         /// The tool.
         tool: &'static str,
         /// The key.
         key: IdempotencyKey,
-        /// The backend's message.
-        message: String,
+        /// The ledger's error.
+        source: crate::ledger::LedgerError,
+    },
+    /// The ledger's lease is shorter than the call's deadline: a call still
+    /// running could see its key taken over.
+    #[error(
+        "tool `{tool}`: the ledger's lease ({lease:?}) is shorter than the call's deadline \
+         ({call_timeout:?}); lengthen the lease or shorten `call_timeout`"
+    )]
+    LeaseTooShort {
+        /// The tool.
+        tool: &'static str,
+        /// The ledger's lease.
+        lease: Duration,
+        /// The call's deadline.
+        call_timeout: Duration,
     },
 }
 
@@ -204,7 +271,7 @@ impl CallError {
     /// The key concerned, if one was derived.
     pub fn key(&self) -> Option<IdempotencyKey> {
         match self {
-            CallError::Payload { .. } => None,
+            CallError::Payload { .. } | CallError::LeaseTooShort { .. } => None,
             CallError::KeyReuse { key, .. }
             | CallError::InProgress { key, .. }
             | CallError::Ledger { key, .. } => Some(*key),

@@ -21,6 +21,10 @@ pub struct ToolSpec {
     pub retries: Option<u32>,
     /// Per-attempt timeout set on the tool.
     pub timeout: Option<Duration>,
+    /// Deadline of the whole call set on the tool.
+    pub call_timeout: Option<Duration>,
+    /// Settle margin set on the tool (see [`RetryPolicy::settle`](crate::RetryPolicy::settle)).
+    pub settle: Option<Duration>,
     /// Key time bucket set on the tool.
     pub bucket: Option<Duration>,
     /// Whether to verify after `Ok` responses, set on the tool.
@@ -46,6 +50,8 @@ impl ToolSpec {
             has_verifier: false,
             retries: None,
             timeout: None,
+            call_timeout: None,
+            settle: None,
             bucket: None,
             verify_response: None,
             params: &[],
@@ -73,6 +79,18 @@ impl ToolSpec {
     /// Sets the per-attempt timeout.
     pub const fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the deadline of the whole call.
+    pub const fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the settle margin.
+    pub const fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = Some(settle);
         self
     }
 

@@ -19,8 +19,14 @@ use std::fmt;
 pub enum Verdict<T = ()> {
     /// The postcondition holds; here is what was observed.
     Holds(T),
-    /// The postcondition is confirmed not to hold: the effect did not happen
-    /// (or not completely), so a retry with the same key is safe.
+    /// The postcondition does not hold in the state read: the effect did not
+    /// happen (or not completely). The engine believes it only when read
+    /// after the last attempt has settled (its deadline plus the settle
+    /// margin): before then the request may still land, or a replica may
+    /// still hide it. A believed `Absent` is retried under the same key,
+    /// which a server that honours keys deduplicates; on one that does not,
+    /// return `Absent` only when *nothing* of the effect is there, and
+    /// `Unknown` for a partial state.
     Absent,
     /// The state is inconclusive (stale replica, read error, verifier fault).
     Unknown,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use fake::{Attempt, Event, Fake, FakeError, Read};
 use verified_tools::audit::{CallState, JsonLinesAudit, MemoryAudit};
 use verified_tools::escalation::MemoryEscalations;
+use verified_tools::ledger::Codec;
 use verified_tools::ledger::MemoryLedger;
 use verified_tools::{
     CallError, Cause, Context, IdempotencyKey, InFlight, Mode, Proof, RetryPolicy, SideEffect,
@@ -28,19 +29,38 @@ async fn run(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
         spec,
         &(42u64,),
         &(42u64,),
-        move |key| fake.send(key),
+        move |a| fake.send(a),
         Some(move |_| fake.check()),
+        Codec::serde(),
     )
     .await
 }
 
 async fn run_unverified(cx: &Context, spec: &'static ToolSpec, fake: &Fake) -> Out {
-    engine::call(cx, spec, &(42u64,), &(42u64,), move |key| fake.send(key), engine::no_verifier())
-        .await
+    engine::call(
+        cx,
+        spec,
+        &(42u64,),
+        &(42u64,),
+        move |a| fake.send(a),
+        engine::no_verifier(),
+        Codec::serde(),
+    )
+    .await
+}
+
+/// The policy of these tests: attempts time out after 100 ms, and the
+/// service settles as soon as an attempt's deadline has passed; so the first
+/// verifier read (after the 200 ms backoff) is believed. `timing.rs` tests
+/// reads before the settle point.
+fn policy(class: SideEffect) -> RetryPolicy {
+    RetryPolicy::for_class(class)
+        .with_attempt_timeout(Some(Duration::from_millis(100)))
+        .with_settle(Some(Duration::ZERO))
 }
 
 fn cx() -> Context {
-    Context::new("agent-1")
+    Context::new("agent-1").map_policies(|class, _| policy(class))
 }
 
 #[tokio::test(start_paused = true)]
@@ -87,8 +107,7 @@ async fn budget_exhausted_with_the_effect_absent_is_not_applied() {
 
 #[tokio::test(start_paused = true)]
 async fn retries_follow_the_policy() {
-    let cx = cx()
-        .with_policy(SideEffect::High, RetryPolicy::for_class(SideEffect::High).with_retries(3));
+    let cx = cx().with_policy(SideEffect::High, policy(SideEffect::High).with_retries(3));
     let fake = Fake::new(&[Attempt::TimeoutLost; 3], &[]);
     let r = run(&cx, &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
@@ -152,7 +171,7 @@ async fn attempt_timeout_is_ambiguous() {
     // the retry goes through.
     assert!(r.is_success(), "{r:?}");
     assert_eq!(fake.dispatches().len(), 2);
-    assert!(started.elapsed() >= Duration::from_secs(30));
+    assert!(started.elapsed() >= Duration::from_millis(100));
 
     let fake = Fake::new(&[Attempt::Hang], &[Read::Unknown; 3]);
     let r = run(&cx(), &HIGH, &fake).await;
@@ -208,15 +227,26 @@ async fn low_tools_without_verifier_retry_with_their_key() {
 async fn irreversible_doubt_is_escalated_with_a_ticket() {
     let queue = Arc::new(MemoryEscalations::new());
     let cx = cx().with_escalation(queue.clone());
-    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[Read::Unknown; 4]);
     let r = run(&cx, &PAY, &fake).await;
-    let ToolResult::Escalated { verdict: Verdict::Absent, key, .. } = r else { panic!("{r:?}") };
+    let ToolResult::Escalated { verdict: Verdict::Unknown, key, .. } = r else { panic!("{r:?}") };
     assert_eq!(fake.dispatches().len(), 1, "irreversible: no retry by default");
     let tickets = queue.take();
     assert_eq!(tickets.len(), 1);
     assert_eq!(tickets[0].key, key);
     assert_eq!(tickets[0].tool, "pay");
-    assert_eq!(tickets[0].args.as_deref(), Some("[42]"));
+    assert_eq!(tickets[0].args, Some(serde_json::json!([42])), "a JSON value, not a string");
+}
+
+#[tokio::test(start_paused = true)]
+async fn irreversible_known_absent_is_not_applied_and_nobody_is_paged() {
+    let queue = Arc::new(MemoryEscalations::new());
+    let cx = cx().with_escalation(queue.clone());
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[]);
+    let r = run(&cx, &PAY, &fake).await;
+    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Error(FakeError::Timeout), .. }));
+    assert_eq!(fake.dispatches().len(), 1, "irreversible: no retry by default");
+    assert!(queue.take().is_empty(), "escalation is for doubt, and this is settled");
 }
 
 #[tokio::test(start_paused = true)]
@@ -255,8 +285,16 @@ async fn unserializable_payload_is_refused_before_dispatch() {
         }
     }
     let fake = Fake::new(&[], &[]);
-    let r: Out =
-        engine::call(&cx(), &HIGH, &Socket, &(), |k| fake.send(k), Some(|_| fake.check())).await;
+    let r: Out = engine::call(
+        &cx(),
+        &HIGH,
+        &Socket,
+        &(),
+        |a| fake.send(a),
+        Some(|_| fake.check()),
+        Codec::serde(),
+    )
+    .await;
     let ToolResult::Refused(CallError::Payload { tool: "send_welcome", .. }) = &r else {
         panic!("{r:?}")
     };
@@ -284,11 +322,19 @@ async fn ledger_replays_a_completed_call() {
 #[tokio::test(start_paused = true)]
 async fn explicit_key_reused_with_another_payload_is_rejected_by_name() {
     let key = IdempotencyKey::from_u128(0xabc);
-    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).with_key(key);
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_key(key);
     let fake = Fake::new(&[], &[]);
     assert!(run(&cx, &HIGH, &fake).await.is_success());
-    let r: Out =
-        engine::call(&cx, &HIGH, &(43u64,), &(), |k| fake.send(k), Some(|_| fake.check())).await;
+    let r: Out = engine::call(
+        &cx,
+        &HIGH,
+        &(43u64,),
+        &(),
+        |a| fake.send(a),
+        Some(|_| fake.check()),
+        Codec::serde(),
+    )
+    .await;
     let ToolResult::Refused(err @ CallError::KeyReuse { .. }) = &r else { panic!("{r:?}") };
     assert!(err.to_string().contains(&key.to_string()), "{err}");
     assert_eq!(fake.dispatches().len(), 1);
@@ -317,14 +363,21 @@ async fn a_cancelled_call_is_verified_before_the_next_dispatch() {
     let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
     let fake = Fake::new(&[Attempt::Hang], &[]);
     // Drop the call while its attempt hangs (the effect was not applied).
-    let cancelled = tokio::time::timeout(Duration::from_secs(1), run(&cx, &HIGH, &fake)).await;
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), run(&cx, &HIGH, &fake)).await;
     assert!(cancelled.is_err());
     let r = run(&cx, &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
+    // The second call read the state before dispatching: first before the
+    // dropped attempt's deadline (not believed), then after it.
     let log = fake.log();
-    assert!(
-        matches!(log[..], [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]),
-        "the second call read the state before dispatching: {log:?}"
+    assert_eq!(
+        log[1..],
+        [
+            Event::Read(Verdict::Absent),
+            Event::Read(Verdict::Absent),
+            Event::Dispatch(log_key(&log))
+        ],
+        "{log:?}"
     );
 
     // Same, but the lost attempt had applied the effect: no new dispatch.
@@ -352,28 +405,86 @@ async fn audit_records_every_transition_and_args_once() {
     let events = audit.events();
     assert_eq!(events[0].args.as_deref(), Some("[42]"));
     assert!(events[1..].iter().all(|e| e.args.is_none()));
-    assert_eq!(events[3].verdict, Some(Verdict::Absent));
     assert_eq!(events[4].attempt, 2);
     assert!(events.iter().all(|e| e.key == r.key() && e.tool == "send_welcome"));
-    assert!(events[5].elapsed > Duration::ZERO);
+    let json: Vec<serde_json::Value> =
+        events.iter().map(|e| serde_json::from_str(&e.json).unwrap()).collect();
+    assert_eq!(json[2]["error"], "the service timed out", "the error's own text");
+    assert_eq!(json[2]["error_class"], "ambiguous");
+    assert_eq!(json[3]["verdict"], "absent");
+    assert_eq!(json[3]["settled"], true);
+    assert_eq!(json[5]["outcome"], "success");
+    assert_eq!(json[5]["proof"], "response");
+    assert!(json[5]["elapsed_ms"].as_u64().unwrap() > 0);
 }
 
 #[tokio::test(start_paused = true)]
-async fn json_lines_audit_writes_one_object_per_event() {
-    let sink = Arc::new(JsonLinesAudit::new(Vec::new()));
+async fn a_definitive_failure_has_one_terminal_event_with_its_text() {
+    let audit = Arc::new(MemoryAudit::new());
+    let cx = cx().with_audit(audit.clone());
+    let fake = Fake::new(&[Attempt::Definitive], &[]);
+    assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::Failed { .. }));
+    let events = audit.events();
+    let terminal: Vec<_> = events.iter().filter(|e| e.state.is_terminal()).collect();
+    assert_eq!(terminal.len(), 1, "{events:#?}");
+    let json: serde_json::Value = serde_json::from_str(&terminal[0].json).unwrap();
+    assert_eq!(json["state"], "verified_failure");
+    assert_eq!(json["outcome"], "failed");
+    assert_eq!(json["error"], "422 invalid request: customer 42 is closed");
+}
+
+/// A `Write` shared with the test, to read what the sink's thread wrote.
+#[derive(Clone, Default)]
+struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn json_lines_audit_writes_one_object_per_event_off_the_calling_thread() {
+    let out = Shared::default();
+    let sink = Arc::new(JsonLinesAudit::new(out.clone()));
     let cx = cx().with_audit(sink.clone());
     let fake = Fake::new(&[Attempt::TimeoutApplied], &[]);
     let r = run(&cx, &HIGH, &fake).await;
-    drop(cx);
-    let out = Arc::into_inner(sink).expect("sole owner").into_inner();
+    sink.flush().unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<serde_json::Value> =
-        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 5);
     assert_eq!(lines[0]["state"], "planned");
     assert_eq!(lines[0]["args"], serde_json::json!([42]));
-    assert_eq!(lines[3]["verdict"], serde_json::json!({"Holds": null}));
+    assert_eq!(lines[3]["verdict"], "holds");
     assert_eq!(lines[4]["state"], "verified_success");
     assert_eq!(lines[4]["key"], r.key().unwrap().to_string());
+    assert_eq!(sink.write_errors(), 0);
+}
+
+#[test]
+fn json_lines_audit_loses_no_line_on_a_clean_shutdown() {
+    let out = Shared::default();
+    let sink = JsonLinesAudit::new(out.clone());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build();
+    let sink = Arc::new(sink);
+    rt.unwrap().block_on(async {
+        let cx = cx().with_audit(sink.clone());
+        for step in 0..200 {
+            let fake = Fake::new(&[], &[]);
+            assert!(run(&cx.for_step("run", step), &HIGH, &fake).await.is_success());
+        }
+    });
+    // Dropping the last handle writes what is queued before it returns.
+    drop(Arc::into_inner(sink).expect("sole owner"));
+    let lines = String::from_utf8(out.0.lock().unwrap().clone()).unwrap().lines().count();
+    assert_eq!(lines, 200 * 3, "planned, dispatched, verified_success per call");
 }
 
 #[tokio::test(start_paused = true)]
@@ -390,7 +501,7 @@ async fn reads_are_never_replayed_from_the_ledger() {
 
 #[tokio::test(start_paused = true)]
 async fn ledger_records_expire_after_their_ttl() {
-    let ledger = Arc::new(MemoryLedger::with_ttl(Duration::from_secs(60)));
+    let ledger = Arc::new(MemoryLedger::new().with_ttl(Duration::from_secs(60)));
     let cx = cx().with_ledger(ledger.clone()).for_step("run", 1);
     let fake = Fake::new(&[], &[]);
     assert!(run(&cx, &HIGH, &fake).await.is_success());
@@ -412,7 +523,7 @@ async fn ledger_records_expire_after_their_ttl() {
 #[tokio::test(start_paused = true)]
 async fn an_explicit_key_reused_by_another_tool_is_refused_not_replayed() {
     static OTHER: ToolSpec = ToolSpec::new("cancel", SideEffect::High).with_verifier();
-    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).with_key(IdempotencyKey::from_u128(9));
+    let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_key(IdempotencyKey::from_u128(9));
     let fake = Fake::new(&[], &[]);
     assert!(run(&cx, &HIGH, &fake).await.is_success());
     let r = run(&cx, &OTHER, &fake).await;
@@ -423,11 +534,12 @@ async fn an_explicit_key_reused_by_another_tool_is_refused_not_replayed() {
 #[tokio::test(start_paused = true)]
 async fn a_repeat_of_an_escalated_irreversible_call_never_dispatches_again() {
     let cx = cx().with_ledger(Arc::new(MemoryLedger::new())).for_step("run", 1);
-    let fake = Fake::new(&[Attempt::TimeoutLost], &[Read::Unknown; 3]);
+    let fake = Fake::new(&[Attempt::TimeoutLost], &[Read::Unknown; 4]);
     assert!(matches!(run(&cx, &PAY, &fake).await, ToolResult::Escalated { .. }));
-    // The state now reads Absent, but a person owns the call.
+    // The state now reads Absent, settled: the repeat reports it, and sends
+    // nothing (a person was told of the call; the caller decides).
     let r = run(&cx, &PAY, &fake).await;
-    assert!(matches!(r, ToolResult::Escalated { verdict: Verdict::Absent, .. }), "{r:?}");
+    assert!(matches!(r, ToolResult::NotApplied { cause: Cause::Interrupted, .. }), "{r:?}");
     assert_eq!(fake.dispatches().len(), 1);
 }
 
@@ -440,38 +552,67 @@ async fn verify_only_never_retries_tools_without_a_verifier() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn one_stale_read_does_not_outweigh_an_ok_answer() {
-    // The write answered OK; the first read hits a stale replica, the next
-    // one sees the effect.
+async fn a_stale_read_before_the_settle_point_does_not_outweigh_an_ok_answer() {
+    // The write answered OK; the first read hits a stale replica within the
+    // settle margin, the next one sees the effect.
+    let settling = policy(SideEffect::High).with_settle(Some(Duration::from_millis(300)));
+    let cx = cx().with_policy(SideEffect::High, settling);
     let fake = Fake::new(&[Attempt::Ok], &[Read::Stale]);
-    let r = run(&cx(), &CONFIRM, &fake).await;
+    let r = run(&cx, &CONFIRM, &fake).await;
     assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
     assert_eq!(fake.dispatches().len(), 1);
 }
 
+fn log_key(log: &[Event]) -> IdempotencyKey {
+    match log[0] {
+        Event::Dispatch(key) => key,
+        Event::Read(_) => panic!("the log starts with a dispatch: {log:?}"),
+    }
+}
+
+/// Polls `call` until the fake has seen `dispatches` attempts, then leaks it:
+/// the process died holding the key, and no drop guard ran.
+async fn crash_after<F: std::future::Future>(call: F, fake: &Fake, dispatches: usize) {
+    let mut call = Box::pin(call);
+    while fake.dispatches().len() < dispatches {
+        let polled = tokio::time::timeout(Duration::from_millis(1), call.as_mut()).await;
+        assert!(polled.is_err(), "the call ended before it could crash");
+    }
+    std::mem::forget(call);
+}
+
 #[tokio::test(start_paused = true)]
-async fn an_abandoned_key_is_taken_over_in_doubt_after_its_lease() {
+async fn a_key_held_by_a_crashed_call_is_taken_over_in_doubt_after_its_lease() {
     let ledger = Arc::new(MemoryLedger::new().with_lease(Duration::from_secs(60)));
-    let cx = cx().with_ledger(ledger).for_step("run", 1).with_in_flight(InFlight::Return);
-    // A call that hangs forever holds the key (no attempt timeout).
-    let hang = RetryPolicy::for_class(SideEffect::High).with_attempt_timeout(None);
-    let stuck_cx = cx.clone().with_policy(SideEffect::High, hang);
+    let short = policy(SideEffect::High).with_call_timeout(Duration::from_secs(30));
+    let cx = cx()
+        .with_ledger(ledger)
+        .with_policy(SideEffect::High, short)
+        .for_step("run", 1)
+        .with_in_flight(InFlight::Return);
     let fake = Fake::new(&[Attempt::Hang], &[]);
-    let stuck = run(&stuck_cx, &HIGH, &fake);
-    let later = async {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let early = run(&cx, &HIGH, &fake).await;
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        (early, run(&cx, &HIGH, &fake).await)
-    };
-    let (early, late) = tokio::select! {
-        _ = stuck => unreachable!("the stuck call never ends"),
-        r = later => r,
-    };
+    crash_after(run(&cx, &HIGH, &fake), &fake, 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let early = run(&cx, &HIGH, &fake).await;
     assert!(matches!(early, ToolResult::Refused(CallError::InProgress { .. })), "{early:?}");
     // Past the lease: taken over, verified first (Absent), then dispatched.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let late = run(&cx, &HIGH, &fake).await;
     assert!(late.is_success(), "{late:?}");
     assert!(matches!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(_)]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_shorter_than_the_call_deadline_is_refused_before_dispatch() {
+    let ledger = Arc::new(MemoryLedger::new().with_lease(Duration::from_secs(60)));
+    let cx = cx().with_ledger(ledger).for_step("run", 1);
+    let fake = Fake::new(&[], &[]);
+    let r = run(&cx, &HIGH, &fake).await;
+    let ToolResult::Refused(CallError::LeaseTooShort { lease, call_timeout, .. }) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!((lease, call_timeout), (Duration::from_secs(60), Duration::from_secs(120)));
+    assert!(fake.log().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -539,61 +680,29 @@ async fn retry_only_resumes_without_reading_the_verifier() {
     assert_eq!(fake.dispatches().len(), 2);
 }
 
-#[test]
-fn a_stale_holder_cannot_overwrite_its_successor() {
-    use verified_tools::key::payload_digest;
-    use verified_tools::ledger::{Begin, Doubt, Finish, Ledger};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let ledger = MemoryLedger::new().with_lease(Duration::from_secs(60));
-        let key = IdempotencyKey::from_u128(5);
-        let fp = payload_digest(&1u8).unwrap();
-        let Begin::Claimed(old) = ledger.begin(key, fp).unwrap() else { panic!() };
-        tokio::time::advance(Duration::from_secs(61)).await;
-        let Begin::Resume(new, _) = ledger.begin(key, fp).unwrap() else { panic!() };
-        // The presumed-dead holder wakes up and reports: ignored.
-        ledger.finish(key, old, Finish::Released);
-        assert!(matches!(ledger.begin(key, fp).unwrap(), Begin::InFlight));
-        ledger.finish(key, new, Finish::InDoubt(Doubt { attempts: 1, after_ok: false }));
-        // Records in doubt outlive the TTL: forgetting one would let the next
-        // call dispatch without verifying.
-        tokio::time::advance(Duration::from_secs(48 * 3600)).await;
-        ledger.purge_expired();
-        let Begin::Resume(_, doubt) = ledger.begin(key, fp).unwrap() else { panic!() };
-        assert_eq!(doubt.attempts, 1);
-    });
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_takeover_inherits_the_attempts_of_the_call_it_replaces() {
     let ledger = Arc::new(MemoryLedger::new().with_lease(Duration::from_secs(60)));
     let policy =
-        RetryPolicy::for_class(SideEffect::High).with_retries(2).with_attempt_timeout(None);
+        policy(SideEffect::High).with_retries(2).with_call_timeout(Duration::from_secs(30));
     let cx = cx().with_ledger(ledger).with_policy(SideEffect::High, policy).for_step("run", 1);
-    // Two attempts lost (each verified Absent), the third hangs forever.
+    // Two attempts lost (each verified Absent); the process dies during the third.
     let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::TimeoutLost, Attempt::Hang], &[]);
-    let stuck = run(&cx, &HIGH, &fake);
-    let later = async {
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        run(&cx, &HIGH, &fake).await
-    };
-    let taken_over = tokio::select! {
-        _ = stuck => unreachable!("the stuck call never ends"),
-        r = later => r,
-    };
+    crash_after(run(&cx, &HIGH, &fake), &fake, 3).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let taken_over = run(&cx, &HIGH, &fake).await;
     // The taker verified (Absent) and found the key's budget spent.
-    assert!(matches!(taken_over, ToolResult::NotApplied { cause: Cause::Interrupted, .. }));
+    assert!(
+        matches!(taken_over, ToolResult::NotApplied { cause: Cause::Interrupted, .. }),
+        "{taken_over:?}"
+    );
     assert_eq!(fake.dispatches().len(), 3, "1 + retries under one key, not per call");
 }
 
 #[tokio::test(start_paused = true)]
 async fn settled_failures_expire_with_the_ttl() {
-    let ledger = Arc::new(MemoryLedger::with_ttl(Duration::from_secs(60)));
-    let policy = RetryPolicy::for_class(SideEffect::High).with_retries(0);
+    let ledger = Arc::new(MemoryLedger::new().with_ttl(Duration::from_secs(60)));
+    let policy = policy(SideEffect::High).with_retries(0);
     let cx = cx().with_ledger(ledger).with_policy(SideEffect::High, policy).for_step("run", 1);
     let fake = Fake::new(&[Attempt::Definitive], &[]);
     assert!(matches!(run(&cx, &HIGH, &fake).await, ToolResult::Failed { .. }));

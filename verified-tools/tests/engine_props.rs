@@ -5,6 +5,7 @@ mod fake;
 use fake::{Attempt, Event, Fake, Read};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
+use verified_tools::ledger::Codec;
 use verified_tools::{
     Context, Mode, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, Verdict, engine,
 };
@@ -80,8 +81,9 @@ fn run(case: &Case) -> (ToolResult<u32, fake::FakeError>, Fake) {
         &HIGH,
         &(7u64,),
         &(),
-        |key| fake.send(key),
+        |a| fake.send(a),
         Some(|_| fake.check()),
+        Codec::serde(),
     ));
     (result, fake)
 }
@@ -173,8 +175,17 @@ fn run_twice(r: &Repeat) -> (Vec<ToolResult<u32, fake::FakeError>>, Fake) {
         .with_mode(case.mode)
         .with_policy(spec.side_effect, policy)
         .for_step("run", 1);
-    let call =
-        || engine::call(&cx, spec, &(7u64,), &(), |key| fake.send(key), Some(|_| fake.check()));
+    let call = || {
+        engine::call(
+            &cx,
+            spec,
+            &(7u64,),
+            &(),
+            |a| fake.send(a),
+            Some(|_| fake.check()),
+            Codec::serde(),
+        )
+    };
     let results = rt.block_on(async {
         let mut results = Vec::new();
         match r.cancel_after_ms {

@@ -274,6 +274,14 @@ fn key_matches_the_documented_framing() {
             .unwrap();
     assert_eq!(key.as_u128(), expected);
 
+    // An LLM provider's tool-call id: 0x03 ‖ str(id).
+    let call = KeyScope::tool_call("call_9xq2");
+    let mut call_bytes = vec![0x03];
+    str_(&mut call_bytes, "call_9xq2");
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &call_bytes, &payload));
+    let key = IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &call, 0).unwrap();
+    assert_eq!(key.as_u128(), expected);
+
     // A payload longer than the hasher's stack window takes the streaming path.
     let long = "x".repeat(1000);
     let mut long_payload = vec![0x0E];
@@ -316,6 +324,7 @@ fn golden_vectors() {
         derive("agent-a", "tag", &map, &durable),
         derive("agent-a", "note", &(long.as_str(), 1.5f64, 'é'), &durable),
         derive("agent-a", "command", &Command::Rename { from: "old".into() }, &durable),
+        derive("agent-a", "send_welcome", &(42u64,), &KeyScope::tool_call("toolu_01A")),
     ];
     assert_eq!(actual, GOLDEN);
 }
@@ -336,7 +345,7 @@ mod erased {
     }
 }
 
-const GOLDEN: [&str; 8] = [
+const GOLDEN: [&str; 9] = [
     "ef605f39f411fe93515c2be533a0ec37",
     "38ad689a549e85ea17e0fe1783c4130f",
     "854c5c27cc0403b5b82d4f028f61a7f9",
@@ -345,6 +354,7 @@ const GOLDEN: [&str; 8] = [
     "d1f1ad5c7b7c5a219adc5c0120d6162b",
     "825c5a2a4b2ba3e904442e439ac32daf",
     "20323d87530638941698e7905b3708a6",
+    "4e06699f03f57cec02d558348132c8a2",
 ];
 
 /// The default scope decides every macro tool's keys: it must not drift.

@@ -85,7 +85,8 @@ impl PayloadDigest {
         self.0
     }
 
-    pub(crate) const fn from_u128(value: u128) -> Self {
+    /// A digest read back from storage.
+    pub const fn from_u128(value: u128) -> Self {
         Self(value)
     }
 }

@@ -131,6 +131,28 @@ impl Sink {
         }
     }
 
+    /// Where the next byte lands in the buffer, while nothing has spilled
+    /// to the streaming state.
+    #[inline(always)]
+    pub(crate) fn position(&self) -> Option<usize> {
+        self.stream.is_none().then_some(self.len)
+    }
+
+    /// xxh3-128 of everything written with the 8 bytes at `at` (a
+    /// [`position`](Self::position)) replaced: a second key that differs
+    /// from the first in one field, for the cost of one more one-shot hash.
+    #[inline]
+    pub(crate) fn digest128_patched(&mut self, at: usize, bytes: [u8; 8]) -> Option<u128> {
+        if self.stream.is_some() || at + 8 > self.len {
+            return None;
+        }
+        let saved: [u8; 8] = self.buf[at..at + 8].try_into().ok()?;
+        self.buf[at..at + 8].copy_from_slice(&bytes);
+        let digest = xxh3_128(&self.buf[..self.len]);
+        self.buf[at..at + 8].copy_from_slice(&saved);
+        Some(digest)
+    }
+
     /// xxh3-128 of everything written. Call it once: it feeds the buffer to
     /// the streaming state, if any.
     #[inline(always)]

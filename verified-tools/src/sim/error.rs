@@ -11,6 +11,7 @@ use crate::{Classify, ErrorClass};
 /// assert_eq!(SimError::Timeout.classify(), ErrorClass::Ambiguous);
 /// assert_eq!(SimError::Conflict { expected: 1, actual: 2 }.classify(), ErrorClass::Conflict);
 /// assert_eq!(SimError::NotFound.classify(), ErrorClass::Definitive);
+/// assert_eq!(SimError::DeadlineExceeded.classify(), ErrorClass::Definitive);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum SimError {
@@ -36,6 +37,11 @@ pub enum SimError {
     /// [`StaleReads::Flagged`](super::StaleReads::Flagged)).
     #[error("replica is behind; read may be stale")]
     StaleRead,
+    /// The request reached a server that honours deadlines after its
+    /// deadline had passed: dropped, nothing was applied. (A late arrival
+    /// dropped this way is never answered: its client already timed out.)
+    #[error("deadline exceeded before the server received the request; nothing was applied")]
+    DeadlineExceeded,
 }
 
 impl Classify for SimError {
@@ -43,7 +49,9 @@ impl Classify for SimError {
         match self {
             SimError::Timeout | SimError::StaleRead => ErrorClass::Ambiguous,
             SimError::Conflict { .. } => ErrorClass::Conflict,
-            SimError::NotFound | SimError::KeyReuse => ErrorClass::Definitive,
+            SimError::NotFound | SimError::KeyReuse | SimError::DeadlineExceeded => {
+                ErrorClass::Definitive
+            }
         }
     }
 }

@@ -3,15 +3,21 @@
 //!
 //! - [`SimServer`]: the async API of the two tasks ([`world`] entities:
 //!   customers, an outbox, invoice rows, records), honouring idempotency keys
-//!   unless switched off, and failing the four non-atomic ways of section
-//!   2.3 at the rates of a [`FaultLevel`] (Table 1): timeout after dispatch
-//!   (before or after the effect was applied), delayed visibility, partial
-//!   success, stale conflict. See [`faults`] for how faults are drawn so that
-//!   every method faces the same ones, and [`world`] for what a stale read
-//!   returns.
+//!   and deadlines unless switched off, and failing the four non-atomic ways
+//!   of section 2.3 at the rates of a [`FaultLevel`] (Table 1): timeout
+//!   after dispatch (the server received the request and applies it at once
+//!   or, a *late arrival*, later — possibly after the client's retry;
+//!   the earlier before-or-after split is an option, [`TimeoutKind`]),
+//!   delayed visibility (a replica lag with a bulk and a bounded heavy
+//!   tail), partial success, stale conflict. See [`faults`] for how faults
+//!   are drawn so that every method faces the same ones, and [`world`] for
+//!   what a stale read returns. [`SimConfig::settle_bound`] says what the
+//!   server guarantees a verifier: how long after a deadline an effect can
+//!   still appear.
 //! - [`Oracle::truth`]: the true state and how often each effect was
-//!   applied, for the harness only; [`Task::holds`] evaluates the
-//!   postconditions of section 4.3 on it.
+//!   applied, for the harness only ([`Oracle::final_truth`] once the late
+//!   arrivals have landed); [`Task::holds`] evaluates the postconditions of
+//!   section 4.3 on it.
 //! - [`stats`]: Wilson intervals and Cohen's h.
 //!
 //! Everything runs on tokio time, so a paused current-thread runtime runs an
@@ -28,12 +34,13 @@
 //! let (server, oracle) = SimServer::new(SimConfig::new(seed, FaultLevel::Low.profile()));
 //!
 //! // A naive agent: no keys, no retries, no checks.
-//! if let Ok(c) = server.create_customer(task.customer, None).await {
-//!     let _ = server.set_customer_status(c.id, CustomerStatus::Active, c.version, None).await;
-//!     let _ = server.send_welcome(c.id, None).await;
+//! if let Ok(c) = server.create_customer(task.customer, None, None).await {
+//!     let _ = server.set_customer_status(c.id, CustomerStatus::Active, c.version, None, None).await;
+//!     let _ = server.send_welcome(c.id, None, None).await;
 //! }
 //!
-//! let truth = oracle.truth();
+//! // Late arrivals may still land: the final truth waits for them.
+//! let truth = oracle.final_truth().await;
 //! println!("success: {}, duplicates: {}", task.holds(&truth), truth.has_duplicates());
 //! # }
 //! ```
@@ -48,7 +55,10 @@ mod truth;
 pub mod world;
 
 pub use error::SimError;
-pub use faults::{FaultDraw, FaultLevel, FaultProfile, Lag, Op, ParseFaultLevelError, Timeout};
+pub use faults::{
+    FaultDraw, FaultLevel, FaultProfile, Lag, Op, Pareto, ParseFaultLevelError, Timeout,
+    TimeoutKind, UNCAPPED,
+};
 pub use server::{BASE_SEED, Oracle, SimConfig, SimServer, StaleReads, episode_seed};
 pub use tasks::{ActivateCustomer, ParseTaskError, RecordInvoice, Task, TaskKind};
 pub use truth::{Effect, EffectCount, FaultCounts, GroundTruth};

@@ -1,27 +1,33 @@
 //! The simulated server: the async API of the two tasks, with the faults
 //! injected inside each write.
 //!
-//! Every write runs in one synchronous critical section (draw the faults,
-//! replay or apply, record the key and the counts), then awaits the virtual
-//! time the answer takes: `timeout_after` for a timeout, `latency` otherwise
-//! (no await at all when it is zero). The mutex is never held across an
-//! await. Reads draw no faults; they only see the replica lag of earlier
-//! writes (see [`world`](super::world)).
+//! Every write runs in one synchronous critical section (let the late
+//! arrivals that are due land, draw the faults, handle the request now or
+//! keep it for its late arrival, record the key and the counts), then
+//! awaits the virtual time the answer takes: `timeout_after` for a timeout,
+//! `latency` otherwise (no await at all when it is zero). The mutex is never
+//! held across an await. Late arrivals need no task of their own: each is
+//! kept with the instant it reaches the server, and whatever touches the
+//! state next (a write, a read, the [`Oracle`]) first lets every arrival due
+//! by then land, in the order they arrive — so they land at their instant,
+//! deterministically, on tokio's paused clock. Reads draw no faults; they
+//! only see the replica lag of earlier writes (see [`world`](super::world)).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use super::error::SimError;
-use super::faults::{FaultProfile, Lag, Op, Timeout};
+use super::faults::{FaultDraw, FaultProfile, Lag, Op, Timeout};
 use super::truth::{Effect, EffectCount, FaultCounts, GroundTruth};
 use super::world::{
     Customer, CustomerId, CustomerStatus, Hidden, InvoiceId, InvoiceRow, Message, MessageId,
     MessageKind, Record, RecordId, RecordStatus, RowId, Sent, Slot, create, find, millis_since,
     read, visible_messages,
 };
-use crate::IdempotencyKey;
+use crate::deadline::later;
+use crate::{Deadline, IdempotencyKey};
 
 /// The paper's base seed; episode `i` runs with seed `BASE_SEED + i`.
 pub const BASE_SEED: u64 = 42;
@@ -57,9 +63,14 @@ pub enum StaleReads {
 ///
 /// let cfg = SimConfig::new(42, FaultLevel::Medium.profile())
 ///     .with_honour_keys(false)
+///     .with_honour_deadlines(false)
 ///     .with_latency(Duration::from_millis(20))
 ///     .with_stale_reads(StaleReads::Flagged);
-/// assert!(!cfg.honour_keys);
+/// assert!(!cfg.honour_keys && !cfg.honour_deadlines);
+/// // Ignoring deadlines, with late arrivals of unbounded delay, the server
+/// // promises no settle bound.
+/// assert_eq!(cfg.settle_bound(), None);
+/// assert_eq!(cfg.with_honour_deadlines(true).settle_bound(), Some(Duration::from_secs(5)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimConfig {
@@ -69,6 +80,10 @@ pub struct SimConfig {
     pub profile: FaultProfile,
     /// Whether the server deduplicates idempotency keys (default `true`).
     pub honour_keys: bool,
+    /// Whether the server drops a request it receives after the request's
+    /// deadline (default `true`), like a gRPC server or PostgreSQL's
+    /// `statement_timeout`. Off, a late arrival is applied however late.
+    pub honour_deadlines: bool,
     /// What a stale read does (default [`StaleReads::Silent`]).
     pub stale_reads: StaleReads,
     /// Virtual time every answered call takes (default zero).
@@ -76,13 +91,14 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// A server seeded `seed` with these faults, honouring keys, silent
-    /// stale reads, no latency.
+    /// A server seeded `seed` with these faults, honouring keys and
+    /// deadlines, silent stale reads, no latency.
     pub const fn new(seed: u64, profile: FaultProfile) -> Self {
         Self {
             seed,
             profile,
             honour_keys: true,
+            honour_deadlines: true,
             stale_reads: StaleReads::Silent,
             latency: Duration::ZERO,
         }
@@ -91,6 +107,12 @@ impl SimConfig {
     /// Switches idempotency-key support on or off.
     pub const fn with_honour_keys(mut self, honour: bool) -> Self {
         self.honour_keys = honour;
+        self
+    }
+
+    /// Switches deadline support on or off.
+    pub const fn with_honour_deadlines(mut self, honour: bool) -> Self {
+        self.honour_deadlines = honour;
         self
     }
 
@@ -104,6 +126,37 @@ impl SimConfig {
     pub const fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
         self
+    }
+
+    /// What this server guarantees a client that wants to believe a
+    /// verifier's `Absent`: how long after a request's deadline (or after
+    /// the answer to it) its effect may still be applied or still be hidden
+    /// from reads. A read that *starts* that long after shows every effect
+    /// the request will ever have; a client's settle margin
+    /// ([`RetryPolicy::settle`](crate::RetryPolicy::settle)) is this plus the
+    /// time one of its reads takes (the engine looks at the clock when the
+    /// read has answered).
+    ///
+    /// - Honouring deadlines, every request carrying one is applied by its
+    ///   deadline or never, and visible [`lag_bound`](FaultProfile::lag_bound)
+    ///   after it was applied: the lag bound.
+    /// - Ignoring deadlines (or for a request without one), a late arrival
+    ///   lands up to the late delay's cap after it was sent: that cap plus
+    ///   the lag bound, if the delay is capped.
+    ///
+    /// `None`: no bound (an uncapped late delay on a server that ignores
+    /// deadlines, or an unbounded lag tail).
+    pub fn settle_bound(&self) -> Option<Duration> {
+        let lag = self.profile.lag_bound()?;
+        if self.honour_deadlines {
+            return Some(lag);
+        }
+        let late = if self.profile.timeout > 0.0 && self.profile.late_arrival > 0.0 {
+            self.profile.late_delay.cap?
+        } else {
+            Duration::ZERO
+        };
+        Some(late + lag)
     }
 }
 
@@ -133,6 +186,15 @@ macro_rules! replied {
         }
     };
 }
+impl Replied for Reply {
+    fn wrap(self) -> Reply {
+        self
+    }
+    fn unwrap(reply: Reply) -> Option<Self> {
+        Some(reply)
+    }
+}
+
 replied!(Customer, Customer);
 replied!(Message, Message);
 replied!(InvoiceRow, Row);
@@ -153,6 +215,39 @@ struct Apply {
     at_ms: u64,
 }
 
+/// A write request as the server receives it.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    op: Op,
+    target: u64,
+    /// The key, if the server honours keys.
+    key: Option<IdempotencyKey>,
+    /// The deadline, if the server honours deadlines.
+    deadline: Option<Instant>,
+    draw: FaultDraw,
+}
+
+/// The write of a late arrival, applied when it lands.
+type Deferred = Box<dyn FnOnce(&mut State, &Apply) -> Result<Reply, SimError> + Send>;
+
+/// A late arrival on its way to the server.
+struct Pending {
+    at: Instant,
+    seq: u64,
+    request: Request,
+    apply: Deferred,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("at", &self.at)
+            .field("seq", &self.seq)
+            .field("request", &self.request)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     customers: Vec<Slot<Customer>>,
@@ -163,6 +258,8 @@ struct State {
     effects: Vec<(Effect, EffectCount)>,
     faults: FaultCounts,
     calls: [u32; Op::ALL.len()],
+    pending: Vec<Pending>,
+    sent: u64,
 }
 
 impl State {
@@ -207,22 +304,29 @@ fn check_version(expected: u64, actual: u64) -> Result<(), SimError> {
 /// The simulated server of one episode. Share it with the agent as an
 /// `Arc<SimServer>`; keep the [`Oracle`] for the harness.
 ///
-/// Every write takes an optional idempotency key. While
-/// [`honour_keys`](SimConfig::honour_keys) is on, the server remembers the
-/// key of every applied write: a repeated key applies nothing and answers
-/// what the first application answered (even if that answer was lost to a
-/// timeout), like Stripe; the same key on another operation or target fails
-/// with [`SimError::KeyReuse`]. Rejected calls (conflict, not found, timeout
-/// before applying) store no key.
+/// Every write takes an optional idempotency key and an optional
+/// [`Deadline`]. While [`honour_keys`](SimConfig::honour_keys) is on, the
+/// server remembers the key of every applied write: a repeated key applies
+/// nothing and answers what the first application answered (even if that
+/// answer was lost to a timeout), like Stripe; the same key on another
+/// operation or target fails with [`SimError::KeyReuse`]. Rejected and
+/// dropped calls (conflict, not found, timeout before applying, past the
+/// deadline) store no key. While [`honour_deadlines`](SimConfig::honour_deadlines)
+/// is on, a request the server receives after its deadline is dropped: a
+/// late arrival silently (its client has timed out), any other with
+/// [`SimError::DeadlineExceeded`].
 ///
 /// ```
 /// use verified_tools::sim::{CustomerId, CustomerStatus, FaultProfile, SimConfig, SimServer};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let (server, oracle) = SimServer::new(SimConfig::new(42, FaultProfile::NONE));
-/// let c = server.create_customer(CustomerId(1), None).await.unwrap();
-/// let c = server.set_customer_status(c.id, CustomerStatus::Active, c.version, None).await.unwrap();
-/// server.send_welcome(c.id, None).await.unwrap();
+/// let c = server.create_customer(CustomerId(1), None, None).await.unwrap();
+/// let c = server
+///     .set_customer_status(c.id, CustomerStatus::Active, c.version, None, None)
+///     .await
+///     .unwrap();
+/// server.send_welcome(c.id, None, None).await.unwrap();
 /// assert_eq!(server.count_messages(c.id).await, Ok(1));
 /// assert!(oracle.truth().customer(c.id).unwrap().activated_at.is_some());
 /// # }
@@ -239,9 +343,10 @@ pub struct SimServer {
 pub struct Oracle(Arc<SimServer>);
 
 impl Oracle {
-    /// A snapshot of the primary: true state, effect and fault counts.
+    /// A snapshot of the primary now: true state, effect and fault counts.
+    /// Late arrivals still on their way are not in it.
     pub fn truth(&self) -> GroundTruth {
-        let st = self.0.lock();
+        let st = self.0.state(Instant::now());
         GroundTruth {
             customers: st.customers.iter().map(|s| s.current).collect(),
             outbox: st.outbox.iter().map(|s| s.message).collect(),
@@ -251,6 +356,26 @@ impl Oracle {
             faults: st.faults,
             calls: st.calls,
         }
+    }
+
+    /// Late arrivals still on their way to the server.
+    pub fn in_flight(&self) -> usize {
+        self.0.state(Instant::now()).pending.len()
+    }
+
+    /// When the last late arrival on its way reaches the server, if any.
+    pub fn quiet_at(&self) -> Option<Instant> {
+        self.0.state(Instant::now()).pending.iter().map(|p| p.at).max()
+    }
+
+    /// The truth once every late arrival has landed: waits (tokio time)
+    /// until then, then snapshots. What an episode finally did, including a
+    /// duplicate that lands after the agent has stopped.
+    pub async fn final_truth(&self) -> GroundTruth {
+        while let Some(at) = self.quiet_at() {
+            sleep_until(at).await;
+        }
+        self.truth()
     }
 
     /// The server's configuration.
@@ -271,70 +396,115 @@ impl SimServer {
         &self.config
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The state, after every late arrival due by `now` has landed.
+    fn state(&self, now: Instant) -> MutexGuard<'_, State> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(i) = st
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.at <= now)
+            .min_by_key(|(_, p)| (p.at, p.seq))
+            .map(|(i, _)| i)
+        {
+            let p = st.pending.swap_remove(i);
+            let _ = self.handle(&mut st, &p.request, p.at, p.apply);
+        }
+        st
     }
 
-    /// One write: faults, replay or apply, bookkeeping. Returns the answer
-    /// and the virtual time it takes.
+    /// The server handles a request it receives at `now`: a passed deadline
+    /// drops it, a known key replays, a drawn conflict bumps the target,
+    /// then the write is applied and booked.
+    fn handle<R: Replied>(
+        &self,
+        st: &mut State,
+        req: &Request,
+        now: Instant,
+        apply: impl FnOnce(&mut State, &Apply) -> Result<R, SimError>,
+    ) -> Result<R, SimError> {
+        if req.deadline.is_some_and(|deadline| now > deadline) {
+            st.faults.dropped_past_deadline += 1;
+            return Err(SimError::DeadlineExceeded);
+        }
+        let effect = Effect { op: req.op, target: req.target };
+        if let Some(k) = req.key
+            && let Some(entry) = st.keys.iter().find(|e| e.key == k).copied()
+        {
+            return R::unwrap(entry.reply)
+                .filter(|_| entry.effect == effect)
+                .ok_or(SimError::KeyReuse);
+        }
+        if req.draw.conflict && req.op.is_versioned() && st.bump(req.op, req.target, now) {
+            st.faults.conflicts += 1;
+        }
+        let a = Apply {
+            partial: req.draw.partial && req.op.is_compound(),
+            lag: req.draw.lag,
+            now,
+            at_ms: millis_since(self.start, now),
+        };
+        let result = apply(st, &a);
+        if let Ok(reply) = &result {
+            st.count(effect, a.partial);
+            st.faults.partial += u32::from(a.partial);
+            st.faults.delayed += u32::from(a.lag.is_some());
+            if let Some(key) = req.key {
+                st.keys.push(KeyEntry { key, effect, reply: reply.wrap() });
+            }
+        }
+        result
+    }
+
+    /// One write: faults, then the request handled now or sent on its late
+    /// way. Returns the answer and the virtual time it takes.
     fn write<R: Replied>(
         &self,
         op: Op,
         target: u64,
         key: Option<IdempotencyKey>,
-        apply: impl FnOnce(&mut State, &Apply) -> Result<R, SimError>,
+        deadline: Option<Deadline>,
+        apply: impl FnOnce(&mut State, &Apply) -> Result<R, SimError> + Send + 'static,
     ) -> (Result<R, SimError>, Duration) {
         let cfg = &self.config;
-        let mut st = self.lock();
+        let now = Instant::now();
+        let mut st = self.state(now);
         let n = st.calls[op as usize];
         st.calls[op as usize] += 1;
         let draw = cfg.profile.draw(cfg.seed, op, n);
-        let effect = Effect { op, target };
-        let key = key.filter(|_| cfg.honour_keys);
-        let timed_out = |st: &mut State, t: Timeout| {
-            match t {
-                Timeout::BeforeApplying => st.faults.timeouts_before_applying += 1,
-                Timeout::AfterApplying => st.faults.timeouts_after_applying += 1,
-            }
-            (Err(SimError::Timeout), cfg.profile.timeout_after)
+        let req = Request {
+            op,
+            target,
+            key: key.filter(|_| cfg.honour_keys),
+            deadline: deadline.filter(|_| cfg.honour_deadlines).map(Deadline::instant),
+            draw,
         };
-
-        if let Some(k) = key
-            && let Some(entry) = st.keys.iter().find(|e| e.key == k).copied()
-        {
-            let replay =
-                R::unwrap(entry.reply).filter(|_| entry.effect == effect).ok_or(SimError::KeyReuse);
-            return match draw.timeout {
-                Some(t) => timed_out(&mut st, t),
-                None => (replay, cfg.latency),
-            };
-        }
-
-        let now = Instant::now();
-        if draw.conflict && op.is_versioned() && st.bump(op, target, now) {
-            st.faults.conflicts += 1;
-        }
-        if draw.timeout == Some(Timeout::BeforeApplying) {
-            return timed_out(&mut st, Timeout::BeforeApplying);
-        }
-        let a = Apply {
-            partial: draw.partial && op.is_compound(),
-            lag: draw.lag,
-            now,
-            at_ms: millis_since(self.start, now),
-        };
-        let result = apply(&mut st, &a);
-        if let Ok(reply) = &result {
-            st.count(effect, a.partial);
-            st.faults.partial += u32::from(a.partial);
-            st.faults.delayed += u32::from(a.lag.is_some());
-            if let Some(key) = key {
-                st.keys.push(KeyEntry { key, effect, reply: reply.wrap() });
-            }
-        }
+        let lost = || (Err(SimError::Timeout), cfg.profile.timeout_after);
         match draw.timeout {
-            Some(t) => timed_out(&mut st, t),
-            None => (result, cfg.latency),
+            None => (self.handle(&mut st, &req, now, apply), cfg.latency),
+            Some(Timeout::AfterApplying) => {
+                st.faults.timeouts_after_applying += 1;
+                let _ = self.handle(&mut st, &req, now, apply);
+                lost()
+            }
+            Some(Timeout::BeforeApplying) => {
+                st.faults.timeouts_before_applying += 1;
+                // The concurrent writer still gets in first (a replayed key
+                // draws nothing but its timeout).
+                let known = req.key.is_some_and(|k| st.keys.iter().any(|e| e.key == k));
+                if !known && draw.conflict && op.is_versioned() && st.bump(op, target, now) {
+                    st.faults.conflicts += 1;
+                }
+                lost()
+            }
+            Some(Timeout::Late(delay)) => {
+                st.faults.late_arrivals += 1;
+                let seq = st.sent;
+                st.sent += 1;
+                let apply: Deferred = Box::new(move |st, a| apply(st, a).map(Replied::wrap));
+                st.pending.push(Pending { at: later(now, delay), seq, request: req, apply });
+                lost()
+            }
         }
     }
 
@@ -355,8 +525,9 @@ impl SimServer {
         &self,
         id: CustomerId,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Customer, SimError> {
-        let out = self.write(Op::CreateCustomer, id.0, key, |st, a| {
+        let out = self.write(Op::CreateCustomer, id.0, key, deadline, move |st, a| {
             let c =
                 Customer { id, status: CustomerStatus::Pending, activated_at: None, version: 0 };
             Ok(create(&mut st.customers, c, a.lag, a.now))
@@ -373,8 +544,9 @@ impl SimServer {
         status: CustomerStatus,
         expected_version: u64,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Customer, SimError> {
-        let out = self.write(Op::SetCustomerStatus, id.0, key, |st, a| {
+        let out = self.write(Op::SetCustomerStatus, id.0, key, deadline, move |st, a| {
             let s = find(&mut st.customers, id).ok_or(SimError::NotFound)?;
             let old = s.current;
             check_version(expected_version, old.version)?;
@@ -396,8 +568,9 @@ impl SimServer {
         &self,
         to: CustomerId,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Message, SimError> {
-        let out = self.write(Op::SendWelcome, to.0, key, |st, a| {
+        let out = self.write(Op::SendWelcome, to.0, key, deadline, move |st, a| {
             find(&mut st.customers, to).ok_or(SimError::NotFound)?;
             let id = MessageId(st.outbox.len() as u64);
             let message = Message { id, to, kind: MessageKind::Welcome, key };
@@ -416,8 +589,9 @@ impl SimServer {
         invoice_id: InvoiceId,
         amount: u64,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<InvoiceRow, SimError> {
-        let out = self.write(Op::UpdateInvoiceRow, row.0, key, |st, a| {
+        let out = self.write(Op::UpdateInvoiceRow, row.0, key, deadline, move |st, a| {
             let old = find(&mut st.rows, row).and_then(|s| s.current.amount);
             let amount = if a.partial { old } else { Some(amount) };
             let r = InvoiceRow { row, invoice_id: Some(invoice_id), amount, version: 0 };
@@ -435,8 +609,9 @@ impl SimServer {
         invoice_id: InvoiceId,
         amount: u64,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Record, SimError> {
-        let out = self.write(Op::CreateRecord, id.0, key, |st, a| {
+        let out = self.write(Op::CreateRecord, id.0, key, deadline, move |st, a| {
             let (invoice_id, amount) =
                 if a.partial { (None, None) } else { (Some(invoice_id), Some(amount)) };
             let r = Record { id, status: RecordStatus::Draft, invoice_id, amount, version: 0 };
@@ -452,8 +627,9 @@ impl SimServer {
         status: RecordStatus,
         expected_version: u64,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Record, SimError> {
-        let out = self.write(Op::SetRecordStatus, id.0, key, |st, a| {
+        let out = self.write(Op::SetRecordStatus, id.0, key, deadline, move |st, a| {
             let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
             check_version(expected_version, s.current.version)?;
             let new = Record { status, version: s.current.version + 1, ..s.current };
@@ -483,12 +659,12 @@ impl SimServer {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// let partial = FaultProfile { partial_success: 1.0, ..FaultProfile::NONE };
     /// let (server, _) = SimServer::new(SimConfig::new(42, partial));
-    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None).await.unwrap();
+    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None, None).await.unwrap();
     /// assert_eq!((r.invoice_id, r.amount), (None, None)); // answered OK, without its fields
     ///
     /// let (server, oracle) = SimServer::new(SimConfig::new(42, FaultProfile::NONE));
-    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None).await.unwrap();
-    /// let r = server.update_record_fields(r.id, InvoiceId(77), 990, r.version, None).await.unwrap();
+    /// let r = server.create_record(RecordId(5), InvoiceId(77), 990, None, None).await.unwrap();
+    /// let r = server.update_record_fields(r.id, InvoiceId(77), 990, r.version, None, None).await.unwrap();
     /// assert_eq!((r.invoice_id, r.amount, r.version), (Some(InvoiceId(77)), Some(990), 2));
     /// assert!(!oracle.truth().has_duplicates());
     /// # }
@@ -500,8 +676,9 @@ impl SimServer {
         amount: u64,
         expected_version: u64,
         key: Option<IdempotencyKey>,
+        deadline: Option<Deadline>,
     ) -> Result<Record, SimError> {
-        let out = self.write(Op::UpdateRecordFields, id.0, key, |st, a| {
+        let out = self.write(Op::UpdateRecordFields, id.0, key, deadline, move |st, a| {
             let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
             let old = s.current;
             check_version(expected_version, old.version)?;
@@ -518,7 +695,8 @@ impl SimServer {
         &self,
         f: impl FnOnce(&mut State, Instant) -> (T, bool),
     ) -> Result<T, SimError> {
-        let (value, stale) = f(&mut self.lock(), Instant::now());
+        let now = Instant::now();
+        let (value, stale) = f(&mut self.state(now), now);
         let flagged = stale && self.config.stale_reads == StaleReads::Flagged;
         self.answer((
             if flagged { Err(SimError::StaleRead) } else { Ok(value) },

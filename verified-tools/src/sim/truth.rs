@@ -59,11 +59,19 @@ impl Effect {
 /// apply to the call, e.g. a partial success on a send, are not counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct FaultCounts {
-    /// Calls that timed out before the server applied them.
+    /// Calls that timed out before the server received them (only with
+    /// [`TimeoutKind::BeforeOrAfter`](super::TimeoutKind::BeforeOrAfter)).
     pub timeouts_before_applying: u32,
-    /// Calls that timed out after the server handled them (applied them,
-    /// or replayed or rejected them).
+    /// Calls that timed out after the server handled them at once (applied
+    /// them, or replayed, rejected or dropped them).
     pub timeouts_after_applying: u32,
+    /// Calls that timed out because their request reaches the server late
+    /// (counted when sent; the request lands later, see
+    /// [`Oracle::final_truth`](super::Oracle::final_truth)).
+    pub late_arrivals: u32,
+    /// Requests a server that honours deadlines dropped because they reached
+    /// it after their deadline (late arrivals, mostly).
+    pub dropped_past_deadline: u32,
     /// Writes applied with a visibility lag.
     pub delayed: u32,
     /// Compound writes applied partially.

@@ -8,7 +8,12 @@
 //! them. A write drawn with a [`Lag`] is invisible to *reads* of its entity
 //! (the verifiers' and the agent's) for `lag.reads` reads **and** until
 //! `lag.time` of virtual time has passed since the write, whichever ends
-//! later. Until then a read returns the entity as it was before the write:
+//! later — but never longer than `lag.bound` after the write, when the lag
+//! has a bound ([`FaultProfile::lag_bound`](super::FaultProfile::lag_bound):
+//! 5 s by default, whatever the reads). The lag times have a bulk and a
+//! heavy tail (see [`faults`](super::faults)). A late arrival's lag counts
+//! from when it was applied, not from when it was sent.
+//! Until then a read returns the entity as it was before the write:
 //! absent for a creation, the old status and version for an update, one
 //! message fewer for a send. By default this is silent, as on a real
 //! eventually consistent replica, so a naive verifier reports `Absent`
@@ -23,12 +28,14 @@ use tokio::time::Instant;
 
 use super::faults::Lag;
 use crate::IdempotencyKey;
+use crate::deadline::later;
 
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[derive(serde::Serialize, serde::Deserialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
         pub struct $name(pub u64);
     };
 }
@@ -55,7 +62,9 @@ id_type!(
 );
 
 /// A customer's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum CustomerStatus {
     /// Created, not yet activated.
     Pending,
@@ -64,7 +73,8 @@ pub enum CustomerStatus {
 }
 
 /// A customer as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Customer {
     /// Its id.
     pub id: CustomerId,
@@ -77,7 +87,9 @@ pub struct Customer {
 }
 
 /// The kind of an outbox message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MessageKind {
     /// The welcome message of `activate_customer`.
     Welcome,
@@ -85,7 +97,8 @@ pub enum MessageKind {
 
 /// A message in the outbox. Every accepted send adds one: sending twice
 /// mails the customer twice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Message {
     /// Its position in the outbox.
     pub id: MessageId,
@@ -98,7 +111,8 @@ pub struct Message {
 }
 
 /// A row of the invoice table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InvoiceRow {
     /// Its id.
     pub row: RowId,
@@ -111,7 +125,9 @@ pub struct InvoiceRow {
 }
 
 /// A record's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RecordStatus {
     /// Created, not yet recorded.
     Draft,
@@ -120,7 +136,8 @@ pub enum RecordStatus {
 }
 
 /// A record (a book-keeping entry for an invoice).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Record {
     /// Its id.
     pub id: RecordId,
@@ -206,23 +223,31 @@ pub(super) fn read<T: Entity>(slots: &mut [Slot<T>], id: T::Id, now: Instant) ->
 pub(super) struct Hidden {
     reads_left: u32,
     until: Instant,
+    /// Visible from here whatever the reads; `None`: no bound.
+    cap: Option<Instant>,
 }
 
 impl Hidden {
     pub(super) fn new(lag: Lag, now: Instant) -> Self {
-        Self { reads_left: lag.reads, until: now + lag.time }
+        Self {
+            reads_left: lag.reads,
+            until: later(now, lag.time),
+            cap: lag.bound.map(|b| later(now, b)),
+        }
     }
 
     fn merge(self, other: Hidden) -> Hidden {
         Hidden {
             reads_left: self.reads_left.max(other.reads_left),
             until: self.until.max(other.until),
+            cap: self.cap.zip(other.cap).map(|(a, b)| a.max(b)),
         }
     }
 
     /// Counts one read; whether that read still sees the old state.
     pub(super) fn read(&mut self, now: Instant) -> bool {
-        if self.reads_left == 0 && now >= self.until {
+        let bounded = self.cap.is_some_and(|cap| now >= cap);
+        if bounded || (self.reads_left == 0 && now >= self.until) {
             return false;
         }
         self.reads_left = self.reads_left.saturating_sub(1);
@@ -316,7 +341,30 @@ mod tests {
     use std::time::Duration;
 
     fn lag(reads: u32, ms: u64) -> Option<Lag> {
-        Some(Lag { reads, time: Duration::from_millis(ms) })
+        Some(Lag { reads, time: Duration::from_millis(ms), bound: None })
+    }
+
+    #[test]
+    fn the_bound_ends_a_lag_whatever_the_reads() {
+        let now = Instant::now();
+        let bounded = Some(Lag {
+            reads: 50,
+            time: Duration::from_millis(100),
+            bound: Some(Duration::from_millis(500)),
+        });
+        let mut s = Slot::created(7u32, bounded, now);
+        assert_eq!(s.read(now + Duration::from_millis(499)).value, None);
+        assert_eq!(s.read(now + Duration::from_millis(500)).value, Some(7));
+        // Without a bound the 48 reads left still hide it, however late.
+        let mut s = Slot::created(7u32, lag(50, 100), now);
+        assert_eq!(s.read(now + Duration::from_secs(3600)).value, None);
+        // Stacked writes: the later bound holds.
+        let mut s = Slot::created(1u32, None, now);
+        s.write(2, bounded, now);
+        let second = bounded.map(|l| Lag { bound: Some(Duration::from_millis(900)), ..l });
+        s.write(3, second, now);
+        assert_eq!(s.read(now + Duration::from_millis(800)).value, Some(1));
+        assert_eq!(s.read(now + Duration::from_millis(900)).value, Some(3));
     }
 
     #[test]

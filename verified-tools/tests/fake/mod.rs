@@ -5,6 +5,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use verified_tools::engine;
 use verified_tools::{Classify, ErrorClass, IdempotencyKey, Verdict};
 
 /// What one attempt does.
@@ -51,6 +52,16 @@ pub enum FakeError {
     Timeout,
     Invalid,
     Conflict,
+}
+
+impl std::fmt::Display for FakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FakeError::Timeout => "the service timed out",
+            FakeError::Invalid => "422 invalid request: customer 42 is closed",
+            FakeError::Conflict => "409 conflict: the record changed",
+        })
+    }
 }
 
 impl Classify for FakeError {
@@ -129,7 +140,8 @@ impl Fake {
     }
 
     /// One attempt of the write.
-    pub async fn send(&self, key: IdempotencyKey) -> Result<u32, FakeError> {
+    pub async fn send(&self, attempt: engine::Attempt) -> Result<u32, FakeError> {
+        let key = attempt.key;
         let step = {
             let mut inner = self.lock();
             inner.log.push(Event::Dispatch(key));

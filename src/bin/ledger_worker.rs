@@ -1,0 +1,175 @@
+//! A worker process for `tests/processes.rs`: makes logical calls of a
+//! "send mail" tool through a shared ledger, each effect one line appended to
+//! a file the test owns, and prints one line per call.
+//!
+//! ```text
+//! ledger_worker --ledger sqlite:/tmp/l.db|redis://127.0.0.1:6379/ --effects FILE
+//!               --run RUN --from 0 --to 50 [--class high|irreversible]
+//!               [--verifier by_key|blind] [--crash-after-dispatch]
+//!               [--lease-ms 3000] [--pause-ms 0]
+//! ```
+//!
+//! Call `i` is keyed by `(RUN, i)`. The tool appends `KEY PID` to the effects
+//! file (one `write` in append mode: atomic for lines this short). The
+//! `by_key` verifier looks its key up in that file (a read-your-writes read);
+//! `blind` always answers `Unknown`. With `--crash-after-dispatch` the worker
+//! prints `dispatched KEY` after the first effect and hangs, for the test to
+//! `kill -9` it before it records the outcome.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use verified_tools::engine::{self, Attempt};
+use verified_tools::ledger::{Codec, Ledger, RedisLedger, SqliteLedger};
+use verified_tools::{
+    Context, ErrorClass, IdempotencyKey, InFlight, RetryPolicy, SideEffect, ToolResult, ToolSpec,
+    Verdict,
+};
+
+static SEND_HIGH: ToolSpec = ToolSpec::new("send_mail", SideEffect::High).with_verifier();
+static SEND_IRREVERSIBLE: ToolSpec =
+    ToolSpec::new("send_mail", SideEffect::Irreversible).with_verifier();
+
+struct Args {
+    ledger: String,
+    effects: PathBuf,
+    run: String,
+    from: u64,
+    to: u64,
+    irreversible: bool,
+    blind: bool,
+    crash: bool,
+    lease: Duration,
+    pause: Duration,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        ledger: String::new(),
+        effects: PathBuf::new(),
+        run: "run".into(),
+        from: 0,
+        to: 1,
+        irreversible: false,
+        blind: false,
+        crash: false,
+        lease: Duration::from_secs(3),
+        pause: Duration::ZERO,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let ms = |v: String| v.parse().map(Duration::from_millis).map_err(|e| format!("{e}"));
+        match flag.as_str() {
+            "--ledger" => a.ledger = value()?,
+            "--effects" => a.effects = value()?.into(),
+            "--run" => a.run = value()?,
+            "--from" => a.from = value()?.parse().map_err(|e| format!("--from: {e}"))?,
+            "--to" => a.to = value()?.parse().map_err(|e| format!("--to: {e}"))?,
+            "--class" => a.irreversible = value()? == "irreversible",
+            "--verifier" => a.blind = value()? == "blind",
+            "--crash-after-dispatch" => a.crash = true,
+            "--lease-ms" => a.lease = ms(value()?)?,
+            "--pause-ms" => a.pause = ms(value()?)?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(a)
+}
+
+async fn open(spec: &str, lease: Duration) -> Result<Arc<dyn Ledger>, String> {
+    if let Some(path) = spec.strip_prefix("sqlite:") {
+        let ledger = SqliteLedger::open(path).map_err(|e| e.to_string())?.with_lease(lease);
+        return Ok(Arc::new(ledger));
+    }
+    if spec.starts_with("redis://") {
+        let ledger = RedisLedger::connect(spec).await.map_err(|e| e.to_string())?;
+        return Ok(Arc::new(ledger.with_lease(lease)));
+    }
+    Err(format!("--ledger {spec}: expected sqlite:PATH or redis://HOST:PORT/"))
+}
+
+/// One effect: a line in the file.
+async fn send(effects: &Path, attempt: Attempt, crash: bool) -> Result<(), ErrorClass> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(effects)
+        .map_err(|_| ErrorClass::NotSent)?;
+    let line = format!("{} {}\n", attempt.key, std::process::id());
+    file.write_all(line.as_bytes()).map_err(|_| ErrorClass::Ambiguous)?;
+    if crash {
+        println!("dispatched {}", attempt.key);
+        let _ = std::io::stdout().flush();
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+/// The postcondition, read from the file by the call's key.
+async fn sent(effects: &Path, key: IdempotencyKey, blind: bool) -> Verdict<()> {
+    if blind {
+        return Verdict::Unknown;
+    }
+    match std::fs::read_to_string(effects) {
+        Ok(text) => text.lines().any(|l| l.starts_with(&key.to_string())).then_some(()).into(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Verdict::Absent,
+        Err(_) => Verdict::Unknown,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let args = match args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("ledger_worker: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let ledger = match open(&args.ledger, args.lease).await {
+        Ok(ledger) => ledger,
+        Err(e) => {
+            eprintln!("ledger_worker: {e}");
+            return std::process::ExitCode::from(3);
+        }
+    };
+    // The call's deadline stays within the lease; the effect file settles at once.
+    let policy = |class| {
+        RetryPolicy::for_class(class)
+            .with_attempt_timeout(Some(Duration::from_millis(500)))
+            .with_call_timeout(args.lease)
+            .with_settle(Some(Duration::ZERO))
+    };
+    let cx = Context::new("mailer")
+        .with_ledger(ledger)
+        .map_policies(|class, _| policy(class))
+        .with_in_flight(InFlight::Wait { poll: Duration::from_millis(20), max: args.lease * 3 });
+    let spec = if args.irreversible { &SEND_IRREVERSIBLE } else { &SEND_HIGH };
+    for step in args.from..args.to {
+        let cx = cx.for_step(args.run.as_str(), step);
+        let result: ToolResult<(), ErrorClass> = engine::call(
+            &cx,
+            spec,
+            &("welcome", step),
+            &(),
+            |attempt| send(&args.effects, attempt, args.crash),
+            Some(|key| sent(&args.effects, key, args.blind)),
+            Codec::serde(),
+        )
+        .await;
+        let outcome = match &result {
+            ToolResult::Success { proof, .. } => format!("success {proof:?}"),
+            ToolResult::Refused(e) => format!("refused {e}"),
+            other => other.label().to_owned(),
+        };
+        println!("{step} {} {outcome}", result.key().map_or_else(String::new, |k| k.to_string()));
+        let _ = std::io::stdout().flush();
+        if !args.pause.is_zero() {
+            tokio::time::sleep(args.pause).await;
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,11 @@
+//! The ledger contract, checked against every backend: the same tests
+//! (`suite.rs`), instantiated per backend, each with its real store.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod suite;
+
+mod memory;
+mod redis;
+mod sqlite;

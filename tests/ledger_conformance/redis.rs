@@ -1,0 +1,199 @@
+//! The Redis ledger against a real server: the suite on the run's shared
+//! server (each test in a namespace of its own, through two connections: two
+//! processes), plus what only a store across the network has (an outage).
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use verified_tools::ledger::{Claimed, Codec, End, Ledger, LedgerError, RedisLedger, Replay};
+use verified_tools::{CallError, Context, SideEffect, ToolResult, ToolSpec, Verdict, engine};
+
+use crate::suite::{self, Backend, Config};
+use crate::support::redis::RedisServer;
+
+/// How long a claim may take to fail while Redis is down: the ledger bounds
+/// an operation by twice its one-second timeout.
+const FAILS_WITHIN: Duration = Duration::from_secs(4);
+
+struct Redis {
+    server: RedisServer,
+}
+
+impl Backend for Redis {
+    async fn open(&self, config: Config) -> (Arc<dyn Ledger>, Arc<dyn Ledger>) {
+        let prefix = unique_prefix();
+        let open = || async {
+            let ledger = RedisLedger::connect(&self.server.url).await.expect("redis answers");
+            let ledger = ledger.with_prefix(&prefix).with_lease(config.lease).with_ttl(config.ttl);
+            Arc::new(ledger) as Arc<dyn Ledger>
+        };
+        (open().await, open().await)
+    }
+}
+
+crate::conformance!(RedisServer::shared().map(|server| Redis { server }), paused = false);
+
+/// A namespace no other test (nor an earlier run on the same server) uses.
+fn unique_prefix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("vt-test:{}:{nanos}:{n}:", std::process::id())
+}
+
+fn value(n: u32) -> impl verified_tools::ledger::Recorded {
+    struct Json(u32);
+    impl verified_tools::ledger::Recorded for Json {
+        fn local(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+            Arc::new(self.0)
+        }
+        fn encode(&self) -> Option<Vec<u8>> {
+            serde_json::to_vec(&self.0).ok()
+        }
+    }
+    Json(n)
+}
+
+#[tokio::test]
+async fn an_outage_fails_claims_fast_and_the_aof_keeps_the_records() {
+    let Some(mut server) = RedisServer::private() else { return };
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = ledger.with_prefix(unique_prefix());
+    let k = suite::key(1);
+    let Claimed::Fresh(fence) = ledger.claim(suite::request(k, suite::fp(1))).await.unwrap().state
+    else {
+        panic!("a fresh key")
+    };
+    ledger.finish(k, fence, End::Completed(&value(41))).await.unwrap();
+
+    server.stop();
+    // Twice: once on the connection found broken, once reconnecting.
+    for _ in 0..2 {
+        let started = Instant::now();
+        let claim = ledger.claim(suite::request(k, suite::fp(1))).await;
+        assert!(matches!(claim, Err(LedgerError::Unavailable(_))), "{claim:?}");
+        assert!(started.elapsed() < FAILS_WITHIN, "failed after {:?}", started.elapsed());
+    }
+    // A write-through of a holder fails too, rather than hang.
+    let progress = suite::first(verified_tools::ledger::Settle::NOW);
+    let write = ledger.dispatching(k, fence, progress).await;
+    assert!(matches!(write, Err(LedgerError::Unavailable(_))), "{write:?}");
+
+    server.restart();
+    // The same handle reconnects by itself; the record came back from the
+    // AOF, and replays.
+    match ledger.claim(suite::request(k, suite::fp(1))).await.expect("redis is back").state {
+        Claimed::Completed(Replay::Encoded(bytes)) => assert_eq!(bytes, b"41"),
+        other => panic!("the completed record survives the restart, got {other:?}"),
+    }
+    // And the fence counter did too: fences still grow.
+    let Claimed::Fresh(next) =
+        ledger.claim(suite::request(suite::key(2), suite::fp(2))).await.unwrap().state
+    else {
+        panic!("a fresh key")
+    };
+    assert!(next > fence, "fence {next} after {fence}");
+}
+
+#[tokio::test]
+async fn a_record_in_doubt_survives_a_crash_and_is_taken_over() {
+    let Some(mut server) = RedisServer::private() else { return };
+    let lease = Duration::from_millis(300);
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = ledger.with_prefix(unique_prefix()).with_lease(lease);
+    let k = suite::key(3);
+    // A holder dispatches, and Redis is killed under it.
+    let Claimed::Fresh(old) = ledger.claim(suite::request(k, suite::fp(3))).await.unwrap().state
+    else {
+        panic!("a fresh key")
+    };
+    server.stop();
+    tokio::time::sleep(lease).await;
+    server.restart();
+    let (new, progress) = match ledger.claim(suite::request(k, suite::fp(3))).await.unwrap().state {
+        Claimed::Resume(new, progress) => (new, progress),
+        other => panic!("a hold past its lease is resumed in doubt, got {other:?}"),
+    };
+    assert!(new > old);
+    assert_eq!(progress.attempts, 1, "the first attempt was written with the claim");
+    let end = ledger.finish(k, old, End::Settled).await;
+    assert_eq!(end, Err(LedgerError::Fenced(old)), "the old holder is fenced");
+}
+
+#[tokio::test]
+async fn a_settled_record_taken_over_loses_its_expiry() {
+    // A settled record expires after the TTL; once a call resumes it, it is
+    // held, then in doubt: it must not expire any more.
+    let Some(server) = RedisServer::shared() else { return };
+    let ttl = Duration::from_millis(400);
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = ledger.with_prefix(unique_prefix()).with_ttl(ttl);
+    let k = suite::key(4);
+    let Claimed::Fresh(fence) = ledger.claim(suite::request(k, suite::fp(4))).await.unwrap().state
+    else {
+        panic!("a fresh key")
+    };
+    ledger.finish(k, fence, End::Settled).await.unwrap();
+    let Claimed::Resume(fence, _) =
+        ledger.claim(suite::request(k, suite::fp(4))).await.unwrap().state
+    else {
+        panic!("a settled key is resumed")
+    };
+    ledger.finish(k, fence, End::InDoubt).await.unwrap();
+    tokio::time::sleep(ttl + suite::SLACK).await;
+    match ledger.claim(suite::request(k, suite::fp(4))).await.unwrap().state {
+        Claimed::Resume(_, progress) => assert_eq!(progress.attempts, 1),
+        other => panic!("the record in doubt is still there, got {other:?}"),
+    }
+}
+
+static SEND: ToolSpec = ToolSpec::new("send_invoice", SideEffect::High).with_verifier();
+
+#[tokio::test]
+async fn the_engine_refuses_calls_while_redis_is_down() {
+    let Some(mut server) = RedisServer::private() else { return };
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let cx = Context::new("agent").with_ledger(Arc::new(ledger.with_prefix(unique_prefix())));
+    let dispatched = AtomicU32::new(0);
+    let call = |invoice: u64| {
+        let dispatched = &dispatched;
+        let cx = &cx;
+        async move {
+            let result: ToolResult<u64, io::Error> = engine::call(
+                cx,
+                &SEND,
+                &(invoice,),
+                &(invoice,),
+                |_attempt| {
+                    dispatched.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok(invoice) }
+                },
+                Some(|_key| async { Verdict::Absent }),
+                Codec::serde(),
+            )
+            .await;
+            result
+        }
+    };
+    // With Redis up, a call runs once and is then replayed from the ledger.
+    assert!(matches!(call(1).await, ToolResult::Success { value: 1, .. }));
+    assert!(matches!(call(1).await, ToolResult::Success { value: 1, .. }));
+    assert_eq!(dispatched.load(Ordering::SeqCst), 1);
+
+    server.stop();
+    let started = Instant::now();
+    match call(2).await {
+        ToolResult::Refused(CallError::Ledger { source: LedgerError::Unavailable(_), .. }) => {}
+        other => panic!("a call is refused while the ledger is down, got {other:?}"),
+    }
+    assert!(started.elapsed() < FAILS_WITHIN, "refused after {:?}", started.elapsed());
+    assert_eq!(dispatched.load(Ordering::SeqCst), 1, "nothing was dispatched");
+
+    server.restart();
+    assert!(matches!(call(2).await, ToolResult::Success { value: 2, .. }));
+    assert_eq!(dispatched.load(Ordering::SeqCst), 2);
+}

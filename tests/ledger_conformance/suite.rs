@@ -1,0 +1,364 @@
+//! The ledger contract, as tests generic over the backend: every backend
+//! module instantiates all of them with `conformance!`.
+//!
+//! Time is tokio's: a backend whose clock follows it (the in-memory one)
+//! runs on paused time, where the sleeps below are instant; a store with its
+//! own clock runs on real time, with short leases and TTLs.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::sleep;
+use verified_tools::ledger::{
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
+    Settle,
+};
+use verified_tools::{IdempotencyKey, PayloadDigest};
+
+/// How a backend's store is set up for one test.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub lease: Duration,
+    pub ttl: Duration,
+}
+
+/// The durations every test uses: short, so that real stores wait little.
+pub const CONFIG: Config =
+    Config { lease: Duration::from_millis(600), ttl: Duration::from_millis(1500) };
+
+/// Slack for a store to notice the time passed (its clock, a round trip).
+pub const SLACK: Duration = Duration::from_millis(150);
+
+/// A ledger backend under test.
+pub trait Backend: Send + Sync + 'static {
+    /// Two handles on one fresh, empty store: what two processes see (one
+    /// and the same ledger for a backend that lives in the process).
+    fn open(
+        &self,
+        config: Config,
+    ) -> impl Future<Output = (Arc<dyn Ledger>, Arc<dyn Ledger>)> + Send;
+}
+
+/// Runs one suite test on the runtime its backend needs.
+pub fn run<B, F>(backend: Option<B>, paused: bool, test: impl FnOnce(Arc<B>) -> F)
+where
+    B: Backend,
+    F: Future<Output = ()>,
+{
+    let Some(backend) = backend else { return };
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().start_paused(paused);
+    builder.build().expect("a runtime").block_on(test(Arc::new(backend)));
+}
+
+/// One `#[test]` per suite test, for the backend `$make` builds (`None`:
+/// its server is missing, see `support::missing`).
+#[macro_export]
+macro_rules! conformance {
+    ($make:expr, paused = $paused:expr) => {
+        $crate::conformance!(@tests $make, $paused;
+            fresh_claim_then_in_flight,
+            concurrent_claims_give_one_holder,
+            completed_value_is_replayed_by_another_handle,
+            unserializable_value_is_completed_without_value,
+            another_payload_is_a_mismatch,
+            takeover_after_the_lease_fences_the_old_holder,
+            budget_and_settle_time_carry_across_handles,
+            abandon_ends_the_hold_at_once,
+            settled_records_resume_with_their_budget,
+            completed_records_expire_in_doubt_never,
+            previous_bucket_record_answers_the_claim,
+            fences_grow_across_keys_and_handles,
+        );
+    };
+    (@tests $make:expr, $paused:expr; $($name:ident,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::suite::run($make, $paused, $crate::suite::$name);
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// A key of this test: random high bits, so tests sharing a store never meet.
+pub fn key(n: u64) -> IdempotencyKey {
+    IdempotencyKey::from_u128((u128::from(salt()) << 64) | u128::from(n))
+}
+
+fn salt() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    thread_local!(static SALT: u64 = RandomState::new().hash_one(std::thread::current().id()));
+    SALT.with(|s| *s)
+}
+
+pub fn fp(n: u128) -> PayloadDigest {
+    PayloadDigest::from_u128(n)
+}
+
+pub fn first(settle: Settle) -> Progress {
+    Progress { attempts: 1, after_ok: false, settle }
+}
+
+pub fn request(key: IdempotencyKey, fingerprint: PayloadDigest) -> ClaimRequest {
+    ClaimRequest {
+        key,
+        fingerprint,
+        previous: None,
+        first: first(Settle::NOW),
+        now: tokio::time::Instant::now(),
+    }
+}
+
+async fn claim(ledger: &dyn Ledger, request: ClaimRequest) -> Claim {
+    ledger.claim(request).await.expect("the store answers")
+}
+
+async fn fresh(ledger: &dyn Ledger, request: ClaimRequest) -> Fence {
+    match claim(ledger, request).await.state {
+        Claimed::Fresh(fence) => fence,
+        other => panic!("expected a fresh claim, got {other:?}"),
+    }
+}
+
+async fn resumed(ledger: &dyn Ledger, request: ClaimRequest) -> (Fence, Progress) {
+    match claim(ledger, request).await.state {
+        Claimed::Resume(fence, progress) => (fence, progress),
+        other => panic!("expected a resumed claim, got {other:?}"),
+    }
+}
+
+/// A value that serializes (or, with `serializes: false`, does not).
+struct Value {
+    n: u32,
+    serializes: bool,
+}
+
+impl Recorded for Value {
+    fn local(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(self.n)
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        self.serializes.then(|| serde_json::to_vec(&self.n).expect("u32 serializes"))
+    }
+}
+
+fn replayed(replay: &Replay) -> Option<u32> {
+    match replay {
+        Replay::Local(value) => value.downcast_ref::<u32>().copied(),
+        Replay::Encoded(bytes) => serde_json::from_slice(bytes).ok(),
+        Replay::Unrecorded => None,
+    }
+}
+
+// ---------------------------------------------------------------- the tests
+
+pub async fn fresh_claim_then_in_flight<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(1);
+    let fence = fresh(&*ledger, request(k, fp(1))).await;
+    for handle in [&ledger, &other] {
+        match claim(&**handle, request(k, fp(1))).await {
+            Claim { key, state: Claimed::InFlight(left) } => {
+                assert_eq!(key, k);
+                assert!(left <= CONFIG.lease && left > CONFIG.lease / 2, "lease left {left:?}");
+            }
+            other => panic!("a held key is in flight, got {other:?}"),
+        }
+    }
+    ledger.finish(k, fence, End::InDoubt).await.expect("the holder finishes");
+}
+
+pub async fn concurrent_claims_give_one_holder<B: Backend>(b: Arc<B>) {
+    let (a, c) = b.open(CONFIG).await;
+    let k = key(2);
+    let mut claims = Vec::new();
+    for i in 0..16 {
+        let ledger = if i % 2 == 0 { Arc::clone(&a) } else { Arc::clone(&c) };
+        claims.push(tokio::spawn(async move { ledger.claim(request(k, fp(2))).await }));
+    }
+    let mut fresh = 0;
+    for handle in claims {
+        match handle.await.expect("no panic").expect("the store answers").state {
+            Claimed::Fresh(_) => fresh += 1,
+            Claimed::InFlight(_) => {}
+            other => panic!("a concurrent claim got {other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one of 16 concurrent claims holds the key");
+}
+
+pub async fn completed_value_is_replayed_by_another_handle<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(3);
+    let fence = fresh(&*ledger, request(k, fp(3))).await;
+    ledger.finish(k, fence, End::Completed(&Value { n: 77, serializes: true })).await.unwrap();
+    for handle in [&ledger, &other] {
+        match claim(&**handle, request(k, fp(3))).await.state {
+            Claimed::Completed(replay) => assert_eq!(replayed(&replay), Some(77), "{replay:?}"),
+            other => panic!("a completed key replays, got {other:?}"),
+        }
+    }
+}
+
+pub async fn unserializable_value_is_completed_without_value<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(4);
+    let fence = fresh(&*ledger, request(k, fp(4))).await;
+    ledger.finish(k, fence, End::Completed(&Value { n: 5, serializes: false })).await.unwrap();
+    match claim(&*other, request(k, fp(4))).await.state {
+        // In the process the value itself is kept; a store keeps "completed".
+        Claimed::Completed(Replay::Local(value)) => assert_eq!(value.downcast_ref(), Some(&5u32)),
+        Claimed::Completed(Replay::Unrecorded) => {}
+        other => panic!("completed without value, got {other:?}"),
+    }
+}
+
+pub async fn another_payload_is_a_mismatch<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(5);
+    let fence = fresh(&*ledger, request(k, fp(5))).await;
+    assert!(matches!(claim(&*other, request(k, fp(6))).await.state, Claimed::Mismatch));
+    ledger.finish(k, fence, End::Completed(&Value { n: 1, serializes: true })).await.unwrap();
+    assert!(matches!(claim(&*other, request(k, fp(6))).await.state, Claimed::Mismatch));
+}
+
+pub async fn takeover_after_the_lease_fences_the_old_holder<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(6);
+    let old = fresh(&*ledger, request(k, fp(6))).await;
+    sleep(CONFIG.lease + SLACK).await;
+    let (new, progress) = resumed(&*other, request(k, fp(6))).await;
+    assert!(new > old, "a takeover gets a greater fence: {new} > {old}");
+    assert_eq!(progress.attempts, 1, "the old holder's first attempt is carried");
+    // The old holder wakes up: every write of it is refused, none lands.
+    let late = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    assert_eq!(ledger.dispatching(k, old, late).await, Err(LedgerError::Fenced(old)));
+    let end = End::Completed(&Value { n: 9, serializes: true });
+    assert_eq!(ledger.finish(k, old, end).await, Err(LedgerError::Fenced(old)));
+    ledger.abandon(k, old);
+    // The new holder is untouched: still in flight for others, and its
+    // writes land.
+    sleep(SLACK).await;
+    assert!(matches!(claim(&*ledger, request(k, fp(6))).await.state, Claimed::InFlight(_)));
+    let next = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    other.dispatching(k, new, next).await.expect("the current holder writes");
+    other.finish(k, new, End::Completed(&Value { n: 10, serializes: true })).await.unwrap();
+    match claim(&*ledger, request(k, fp(6))).await.state {
+        Claimed::Completed(replay) => assert_eq!(replayed(&replay), Some(10)),
+        other => panic!("the successor's outcome stands, got {other:?}"),
+    }
+}
+
+pub async fn budget_and_settle_time_carry_across_handles<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(7);
+    let settle = Duration::from_secs(30);
+    let fence =
+        fresh(&*ledger, ClaimRequest { first: first(Settle::After(settle)), ..request(k, fp(7)) })
+            .await;
+    let second = Progress { attempts: 2, after_ok: true, settle: Settle::After(settle) };
+    ledger.dispatching(k, fence, second).await.unwrap();
+    ledger.finish(k, fence, End::InDoubt).await.unwrap();
+    let (_, progress) = resumed(&*other, request(k, fp(7))).await;
+    assert_eq!((progress.attempts, progress.after_ok), (2, true));
+    match progress.settle {
+        Settle::After(left) => {
+            assert!(left <= settle && left + Duration::from_secs(2) > settle, "settles in {left:?}")
+        }
+        Settle::Never => panic!("a settle time was recorded"),
+    }
+    // A second key whose attempt never settles says so.
+    let k2 = key(8);
+    let fence =
+        fresh(&*ledger, ClaimRequest { first: first(Settle::Never), ..request(k2, fp(8)) }).await;
+    ledger.finish(k2, fence, End::InDoubt).await.unwrap();
+    let (_, progress) = resumed(&*other, request(k2, fp(8))).await;
+    assert_eq!(progress.settle, Settle::Never);
+}
+
+pub async fn abandon_ends_the_hold_at_once<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(9);
+    let fence = fresh(&*ledger, request(k, fp(9))).await;
+    ledger.abandon(k, fence);
+    // A store may end the hold in the background: well before the lease.
+    let mut waited = Duration::ZERO;
+    loop {
+        match claim(&*other, request(k, fp(9))).await.state {
+            Claimed::Resume(new, progress) => {
+                assert!(new > fence);
+                assert_eq!(progress.attempts, 1, "the abandoned call's attempt counts");
+                break;
+            }
+            Claimed::InFlight(_) if waited < CONFIG.lease / 3 => {
+                sleep(Duration::from_millis(10)).await;
+                waited += Duration::from_millis(10);
+            }
+            other => panic!("an abandoned key is resumed promptly, got {other:?} after {waited:?}"),
+        }
+    }
+}
+
+pub async fn settled_records_resume_with_their_budget<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(10);
+    let fence = fresh(&*ledger, request(k, fp(10))).await;
+    ledger.finish(k, fence, End::Settled).await.unwrap();
+    let (_, progress) = resumed(&*other, request(k, fp(10))).await;
+    assert_eq!(progress.attempts, 1);
+}
+
+pub async fn completed_records_expire_in_doubt_never<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let (done, doubt) = (key(11), key(12));
+    let fence = fresh(&*ledger, request(done, fp(11))).await;
+    ledger.finish(done, fence, End::Completed(&Value { n: 3, serializes: true })).await.unwrap();
+    let fence = fresh(&*ledger, request(doubt, fp(12))).await;
+    ledger.finish(doubt, fence, End::InDoubt).await.unwrap();
+    sleep(CONFIG.ttl + SLACK).await;
+    // The completed record is gone: a new logical call starts afresh.
+    let fence = fresh(&*other, request(done, fp(11))).await;
+    other.finish(done, fence, End::Settled).await.unwrap();
+    // The record in doubt is still there, whatever the TTL.
+    let (_, progress) = resumed(&*other, request(doubt, fp(12))).await;
+    assert_eq!(progress.attempts, 1);
+}
+
+pub async fn previous_bucket_record_answers_the_claim<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let (earlier, now) = (key(13), key(14));
+    let fence = fresh(&*ledger, request(earlier, fp(13))).await;
+    ledger.finish(earlier, fence, End::InDoubt).await.unwrap();
+    let across = ClaimRequest { previous: Some((earlier, fp(13))), ..request(now, fp(14)) };
+    match claim(&*other, across).await {
+        Claim { key, state: Claimed::Resume(_, progress) } => {
+            assert_eq!(key, earlier, "the call is the one recorded in the previous bucket");
+            assert_eq!(progress.attempts, 1);
+        }
+        other => panic!("the previous bucket's record answers, got {other:?}"),
+    }
+    // No record in the previous bucket: the key itself is claimed.
+    let (quiet, fresh_key) = (key(15), key(16));
+    let lone = ClaimRequest { previous: Some((quiet, fp(15))), ..request(fresh_key, fp(16)) };
+    match claim(&*other, lone).await {
+        Claim { key, state: Claimed::Fresh(_) } => assert_eq!(key, fresh_key),
+        other => panic!("without a previous record the key is claimed, got {other:?}"),
+    }
+}
+
+pub async fn fences_grow_across_keys_and_handles<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let mut last = Fence(0);
+    for n in 0..6 {
+        let handle = if n % 2 == 0 { &ledger } else { &other };
+        let fence = fresh(&**handle, request(key(100 + n), fp(100))).await;
+        assert!(fence > last, "fence {fence} after {last}");
+        last = fence;
+    }
+}

@@ -1,0 +1,213 @@
+//! The ledger across OS processes (issue 8): several worker processes
+//! (`src/bin/ledger_worker.rs`) make the same logical calls through one
+//! SQLite file or one Redis server, a worker is `kill -9`ed between its
+//! dispatch and its record, Redis goes away mid-run. The effects are lines in
+//! a file this test owns: each must be there exactly once.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use support::redis::RedisServer;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_ledger_worker");
+
+/// A scratch directory of one test.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("vt-processes-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Self(dir)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The stores to run against: a fresh SQLite file always, the run's Redis
+/// when there is one (`None` from `RedisServer::shared` says why not).
+fn stores(scratch: &Scratch) -> Vec<(String, Option<RedisServer>)> {
+    let mut stores = vec![(format!("sqlite:{}", scratch.path("ledger.db").display()), None)];
+    if let Some(redis) = RedisServer::shared() {
+        // A database of its own per test binary run: keys never meet.
+        stores.push((redis.url.clone(), Some(redis)));
+    }
+    stores
+}
+
+fn worker(ledger: &str, effects: &Path, run: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(WORKER);
+    cmd.args(["--ledger", ledger, "--run", run, "--effects"]).arg(effects).args(extra);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+fn finish(child: Child) -> Vec<String> {
+    let Output { status, stdout, stderr } = child.wait_with_output().expect("the worker ends");
+    let stdout = String::from_utf8_lossy(&stdout).into_owned();
+    assert!(
+        status.success(),
+        "worker failed: {status}\n{stdout}\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
+    stdout.lines().map(str::to_owned).collect()
+}
+
+/// How many times each key's effect was applied.
+fn effects(path: &Path) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        let key = line.split_whitespace().next().expect("KEY PID").to_owned();
+        *seen.entry(key).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// The run id of one test against one store: a store may be shared.
+fn run_id(test: &str) -> String {
+    format!(
+        "{test}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos())
+    )
+}
+
+#[test]
+fn eight_processes_making_the_same_calls_dispatch_each_effect_once() {
+    let scratch = Scratch::new("eight");
+    for (ledger, _server) in stores(&scratch) {
+        let effects_file = scratch.path(&format!("effects-{}.log", ledger.len()));
+        let run = run_id("eight");
+        let workers: Vec<Child> = (0..8)
+            .map(|_| {
+                worker(&ledger, &effects_file, &run, &["--from", "0", "--to", "40"])
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        let mut outcomes: HashMap<String, usize> = HashMap::new();
+        for child in workers {
+            for line in finish(child) {
+                let outcome = line.split_whitespace().nth(2).unwrap_or("").to_owned();
+                assert_eq!(outcome, "success", "{ledger}: {line}");
+                *outcomes
+                    .entry(line.split_whitespace().nth(3).unwrap_or("").to_owned())
+                    .or_insert(0) += 1;
+            }
+        }
+        let applied = effects(&effects_file);
+        assert_eq!(applied.len(), 40, "{ledger}: every logical call happened");
+        assert!(
+            applied.values().all(|&n| n == 1),
+            "{ledger}: an effect was applied twice: {applied:?}"
+        );
+        // 320 calls: 40 sent, the rest replayed from the ledger (or, rarely,
+        // proven by the verifier after taking over an abandoned key).
+        assert_eq!(outcomes.get("Response"), Some(&40), "{ledger}: {outcomes:?}");
+        assert_eq!(outcomes.values().sum::<usize>(), 320);
+    }
+}
+
+/// Starts a worker that dispatches call 0 and hangs before recording it,
+/// waits for its "dispatched" line, and kills it with SIGKILL.
+fn kill_after_dispatch(ledger: &str, effects: &Path, run: &str, extra: &[&str]) {
+    let mut args = vec!["--from", "0", "--to", "1", "--crash-after-dispatch"];
+    args.extend_from_slice(extra);
+    let mut child = worker(ledger, effects, run, &args).spawn().expect("spawn");
+    let stdout = child.stdout.take().expect("piped");
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).expect("a line");
+    assert!(first.starts_with("dispatched "), "{first}");
+    child.kill().expect("SIGKILL"); // std sends SIGKILL: no destructor runs
+    child.wait().expect("reaped");
+}
+
+/// The workers' lease in the kill test, and how long after a kill it has
+/// surely ended (the worker claimed just before it said "dispatched").
+const LEASE: [&str; 2] = ["--lease-ms", "1500"];
+const LEASE_ENDS: std::time::Duration = std::time::Duration::from_millis(1700);
+
+#[test]
+fn a_worker_killed_between_dispatch_and_record_is_verified_not_resent() {
+    let scratch = Scratch::new("kill");
+    for (ledger, _server) in stores(&scratch) {
+        let effects_file = scratch.path(&format!("effects-{}.log", ledger.len()));
+        let run = run_id("kill");
+        kill_after_dispatch(&ledger, &effects_file, &run, &LEASE);
+        // The dead worker's key is held until its lease ends (a kill leaves
+        // no time to abandon it); then the restarted worker takes it over in
+        // doubt, verifies, and finds it applied.
+        std::thread::sleep(LEASE_ENDS);
+        let args = ["--from", "0", "--to", "1", LEASE[0], LEASE[1]];
+        let again = worker(&ledger, &effects_file, &run, &args).spawn().expect("spawn");
+        let lines = finish(again);
+        assert!(lines[0].ends_with("success Verifier"), "{ledger}: {lines:?}");
+        assert_eq!(effects(&effects_file).values().sum::<usize>(), 1, "{ledger}: not sent again");
+
+        // Irreversible, and the verifier cannot tell: a person is asked.
+        let run = run_id("kill-blind");
+        let blind = ["--class", "irreversible", "--verifier", "blind", LEASE[0], LEASE[1]];
+        kill_after_dispatch(&ledger, &effects_file, &run, &blind);
+        std::thread::sleep(LEASE_ENDS);
+        let mut args = vec!["--from", "0", "--to", "1"];
+        args.extend_from_slice(&blind);
+        let lines = finish(worker(&ledger, &effects_file, &run, &args).spawn().expect("spawn"));
+        assert!(lines[0].ends_with("escalated"), "{ledger}: {lines:?}");
+        assert_eq!(effects(&effects_file).values().sum::<usize>(), 2, "{ledger}: one per run");
+    }
+}
+
+#[test]
+fn a_redis_outage_refuses_calls_dispatches_nothing_and_loses_nothing() {
+    let Some(mut redis) = RedisServer::private() else { return };
+    let scratch = Scratch::new("outage");
+    let effects_file = scratch.path("effects.log");
+    let run = run_id("outage");
+    let args = ["--from", "0", "--to", "30", "--pause-ms", "100"];
+    let mut child = worker(&redis.url, &effects_file, &run, &args).spawn().expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        seen.push(lines.next().expect("a line").expect("utf-8"));
+    }
+    redis.stop();
+    while seen.len() < 12 {
+        seen.push(lines.next().expect("a line").expect("utf-8"));
+    }
+    redis.restart();
+    seen.extend(lines.map(|l| l.expect("utf-8")));
+    assert!(child.wait().expect("the worker ends").success());
+    let refused: Vec<&String> = seen.iter().filter(|l| l.contains(" refused ")).collect();
+    assert!(!refused.is_empty(), "calls made while Redis was down are refused: {seen:#?}");
+    assert!(refused.iter().all(|l| l.contains("ledger")), "typed as ledger errors: {refused:#?}");
+    let applied = effects(&effects_file);
+    for line in &refused {
+        let key = line.split_whitespace().nth(1).unwrap_or("");
+        assert!(!applied.contains_key(key), "a refused call dispatched: {line}");
+    }
+    // Everything again, after the outage: what completed replays, what was
+    // refused goes out now, once.
+    let again = finish(
+        worker(&redis.url, &effects_file, &run, &["--from", "0", "--to", "30"])
+            .spawn()
+            .expect("spawn"),
+    );
+    assert!(again.iter().all(|l| l.contains(" success ")), "{again:#?}");
+    let applied = effects(&effects_file);
+    assert_eq!(applied.len(), 30);
+    assert!(applied.values().all(|&n| n == 1), "{applied:?}");
+}

@@ -1,0 +1,33 @@
+//! A verifier may return `Result<Verdict<T>, E>`: a failed read is Unknown.
+use verified_tools::{Classify, ErrorClass, Verdict, verified_tool};
+
+#[derive(Debug)]
+pub enum DbError {
+    Down,
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the service failed")
+    }
+}
+
+impl Classify for DbError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Ambiguous
+    }
+}
+
+#[verified_tool(side_effect = "irreversible", verify = read_row)]
+pub async fn delete_row(table: &str, id: u64) -> Result<(), DbError> {
+    let _ = (table, id);
+    Err(DbError::Down)
+}
+
+async fn read_row(_table: &str, _id: &u64) -> Result<Verdict<()>, DbError> {
+    Err(DbError::Down)
+}
+
+fn main() {
+    let _ = delete_row_spec();
+}

@@ -1,0 +1,169 @@
+//! Deadlines: of each attempt (handed to the tool, to forward to a server
+//! that honours deadlines), of the whole call (every call ends by then), and
+//! the settle point after which a verifier's `Absent` can be believed.
+//!
+//! ```text
+//! attempt n:  start ──────────── deadline ── settle margin ──┐ settle point
+//!                      (the server may apply it until here)  │ (Absent believed from here)
+//! call:       start ──────────────────────────────────────────────────── call deadline
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ledger::Settle;
+
+/// The deadline of one attempt: the tool may forward it to a server that
+/// honours deadlines (a gRPC deadline, an HTTP header, PostgreSQL's
+/// `statement_timeout`), so that the server drops the request rather than
+/// apply it late. Declare a parameter of this type on a `#[verified_tool]`
+/// fn to receive it, as for the key.
+///
+/// ```
+/// use std::time::Duration;
+/// use verified_tools::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let deadline = Deadline::after(Duration::from_millis(1500));
+/// assert_eq!(deadline.remaining(), Duration::from_millis(1500));
+/// assert_eq!(deadline.grpc_timeout().to_string(), "1500m");
+/// tokio::time::sleep(Duration::from_secs(2)).await;
+/// assert!(deadline.has_passed());
+/// assert_eq!(deadline.remaining(), Duration::ZERO);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// The deadline at `instant` (tokio time).
+    pub const fn at(instant: Instant) -> Self {
+        Self(instant)
+    }
+
+    /// The deadline `timeout` from now (saturating far in the future).
+    pub fn after(timeout: Duration) -> Self {
+        Self(later(Instant::now(), timeout))
+    }
+
+    /// The instant.
+    pub const fn instant(self) -> Instant {
+        self.0
+    }
+
+    /// Time left, zero once passed.
+    pub fn remaining(self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether it has passed.
+    pub fn has_passed(self) -> bool {
+        Instant::now() >= self.0
+    }
+
+    /// The time left in the format of gRPC's `grpc-timeout` header
+    /// (milliseconds, `"1500m"`; at least 1 ms).
+    pub fn grpc_timeout(self) -> GrpcTimeout {
+        GrpcTimeout(self.remaining().as_millis().clamp(1, 99_999_999) as u64)
+    }
+}
+
+/// A `grpc-timeout` header value; see [`Deadline::grpc_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcTimeout(u64);
+
+impl fmt::Display for GrpcTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}m", self.0)
+    }
+}
+
+/// The time of one logical call: its deadline, its attempts' deadlines and
+/// the settle point of its last attempt, as offsets from the call's start
+/// (`Duration` arithmetic: the success path does no `Instant` arithmetic).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeline {
+    start: Instant,
+    /// The call ends by then.
+    call: Duration,
+    attempt_timeout: Option<Duration>,
+    margin: Option<Duration>,
+    /// When the last attempt has settled; `None`: never (no margin).
+    settles_at: Option<Duration>,
+}
+
+impl Timeline {
+    pub(crate) fn new(
+        start: Instant,
+        call_timeout: Duration,
+        attempt_timeout: Option<Duration>,
+        margin: Option<Duration>,
+    ) -> Self {
+        let settles_at = Some(Duration::ZERO);
+        Self { start, call: call_timeout, attempt_timeout, margin, settles_at }
+    }
+
+    /// The offset of `now` from the call's start.
+    pub(crate) fn at(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.start)
+    }
+
+    /// The instant `offset` after the call's start.
+    pub(crate) fn instant(&self, offset: Duration) -> Instant {
+        later(self.start, offset)
+    }
+
+    /// The call's deadline.
+    pub(crate) fn call_deadline(&self) -> Instant {
+        self.instant(self.call)
+    }
+
+    /// The deadline of an attempt sent at `at`: its timeout, within the call's.
+    pub(crate) fn attempt(&self, at: Duration) -> Duration {
+        match self.attempt_timeout {
+            Some(timeout) => at.saturating_add(timeout).min(self.call),
+            None => self.call,
+        }
+    }
+
+    /// An attempt with this deadline went out (or the tool answered OK at
+    /// `at`, unconfirmed): it settles `margin` later.
+    pub(crate) fn dispatched(&mut self, at: Duration) {
+        self.settles_at = self.margin.map(|m| at.saturating_add(m));
+    }
+
+    /// A call took the key over at `at`: its earlier attempts settle as the
+    /// ledger said.
+    pub(crate) fn resumed(&mut self, at: Duration, settle: Settle) {
+        self.settles_at = match settle {
+            Settle::After(d) => Some(at.saturating_add(d)),
+            Settle::Never => None,
+        };
+    }
+
+    /// When the last attempt settles, if ever, and before the call's deadline.
+    pub(crate) fn settles_in_time(&self) -> Option<Duration> {
+        self.settles_at.filter(|at| *at < self.call)
+    }
+
+    /// Whether an `Absent` read at `at` can be believed.
+    pub(crate) fn settled(&self, at: Duration) -> bool {
+        self.settles_at.is_some_and(|settles| at >= settles)
+    }
+
+    /// The settle point as the ledger stores it, counted from `at`.
+    pub(crate) fn settle(&self, at: Duration) -> Settle {
+        match self.settles_at {
+            Some(settles) => Settle::After(settles.saturating_sub(at)),
+            None => Settle::Never,
+        }
+    }
+}
+
+/// `at + d`, saturating about a century ahead instead of overflowing.
+pub(crate) fn later(at: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(d.min(CENTURY)).unwrap_or(at)
+}

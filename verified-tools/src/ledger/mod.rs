@@ -1,0 +1,357 @@
+//! The call ledger: one record per idempotency key, so that a repeated
+//! logical call returns the recorded outcome instead of executing again, a
+//! call in doubt is verified before anything is dispatched under its key, and
+//! two calls with the same key never run at once.
+//!
+//! This module is the contract every backend implements, in whatever store
+//! it keeps its records: [`MemoryLedger`] (the default, in the process),
+//! `SqliteLedger` (feature `sqlite`: one host, durable) and `RedisLedger`
+//! (feature `redis`: shared by processes and hosts). The engine talks to the
+//! contract only.
+//!
+//! # A record
+//!
+//! | field | meaning |
+//! |---|---|
+//! | fingerprint | the payload's digest: the same key with another payload is refused |
+//! | state | held (by a fence, until a lease ends), in doubt, settled, completed |
+//! | attempts | attempts dispatched under the key by every call together |
+//! | after OK | the last attempt answered OK but the verifier did not confirm it |
+//! | settle time | when the last attempt can no longer apply or stay hidden (store clock) |
+//! | value | a completed call's value, serialized, when it serializes |
+//!
+//! # The rules a backend keeps
+//!
+//! 1. **Claims are atomic.** [`Ledger::claim`] reads and claims in one step
+//!    (a Redis script, an SQLite transaction, a shard lock): two calls can
+//!    never both hold a key.
+//! 2. **Fencing.** Every claim gets a [`Fence`] from the store, strictly
+//!    greater than every fence issued before by that store. Every write of the
+//!    holder carries it, and a write whose fence is not the key's current one
+//!    fails with [`LedgerError::Fenced`]: a holder presumed dead cannot
+//!    overwrite its successor.
+//! 3. **Leases on the store's clock.** A hold ends after [`Ledger::lease`],
+//!    measured by the store (Redis `TIME`, SQLite's clock), so that hosts with
+//!    skewed clocks agree. A key held past its lease is taken over *in doubt*:
+//!    the next call verifies before it dispatches.
+//! 4. **Durations, not instants, cross the boundary.** The settle time is
+//!    sent as "settled after this long" and returned as "settles in this
+//!    long", each converted by the store against its own clock.
+//! 5. **Nothing in doubt is forgotten.** Completed and settled records expire
+//!    after a TTL; records in doubt never expire, and a cap never evicts them.
+//!
+//! # Fail closed
+//!
+//! When the store cannot be reached, [`Ledger::claim`] returns an error and
+//! the call is refused before anything is dispatched
+//! ([`CallError::Ledger`](crate::CallError::Ledger)).
+
+mod codec;
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use crate::{IdempotencyKey, PayloadDigest};
+
+pub use codec::{Codec, CodecProbe, SerdeCodec, UnrecordedCodec};
+pub use memory::MemoryLedger;
+#[cfg(feature = "redis")]
+pub use redis::RedisLedger;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteLedger;
+
+/// A fencing token, issued by the store with each claim. Strictly greater
+/// than every fence the same store issued before, for any key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// When the last attempt under a key has settled: when it can no longer be
+/// applied late nor stay hidden from the verifier. Before then a verifier's
+/// `Absent` proves nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Settle {
+    /// After this long (from the moment the value was computed).
+    After(Duration),
+    /// Never: the service gives no bound (no settle margin is configured).
+    Never,
+}
+
+impl Settle {
+    /// Settled already.
+    pub const NOW: Settle = Settle::After(Duration::ZERO);
+}
+
+/// What the calls that held a key have done so far, written through before
+/// every attempt so that a call taking the key over inherits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Progress {
+    /// Attempts dispatched under the key by every call together, this one
+    /// included: the retry budget is per logical call, not per invocation.
+    pub attempts: u32,
+    /// The last attempt answered OK but the verifier did not confirm it: the
+    /// server has recorded the key, so nothing is dispatched under it again.
+    pub after_ok: bool,
+    /// When the last attempt settles.
+    pub settle: Settle,
+}
+
+/// A claim request: the key, its payload fingerprint, and what the first
+/// attempt will be if the key is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The key of the call.
+    pub key: IdempotencyKey,
+    /// The payload's fingerprint (a derived key is its own).
+    pub fingerprint: PayloadDigest,
+    /// Another key under which the same logical call may already be
+    /// recorded, with its fingerprint: the previous time bucket's key (see
+    /// [`KeyScope::TimeBucket`](crate::KeyScope::TimeBucket)). When a live
+    /// record exists under it, the claim answers for that key instead.
+    pub previous: Option<(IdempotencyKey, PayloadDigest)>,
+    /// What a fresh claim records as already dispatching (the first attempt
+    /// goes out right after the claim): one round trip instead of two.
+    pub first: Progress,
+    /// The caller's clock (tokio's), read just before the claim. A ledger in
+    /// this process, whose clock it is, may use it rather than read the clock
+    /// again; a store keeps to its own clock.
+    pub now: tokio::time::Instant,
+}
+
+/// What [`Ledger::claim`] found, and for which key.
+#[derive(Debug)]
+pub struct Claim {
+    /// The key the answer is for: [`ClaimRequest::key`], or the previous
+    /// bucket's key when the call was found recorded under it.
+    pub key: IdempotencyKey,
+    /// The answer.
+    pub state: Claimed,
+}
+
+/// The answer to a claim.
+#[derive(Debug)]
+pub enum Claimed {
+    /// No live record: the caller holds the key, and the first attempt is
+    /// recorded as dispatching ([`ClaimRequest::first`]).
+    Fresh(Fence),
+    /// Earlier calls dispatched under this key without proving the effect
+    /// (they ended in doubt or known absent, were dropped, or held the key
+    /// past its lease). The caller now holds the key; it verifies before it
+    /// dispatches and has only the rest of the key's budget.
+    Resume(Fence, Progress),
+    /// A call with this key succeeded.
+    Completed(Replay),
+    /// Another call holds the key; its lease ends in this long at most.
+    InFlight(Duration),
+    /// The key is recorded with another payload fingerprint.
+    Mismatch,
+}
+
+/// A completed call's value, as the ledger kept it.
+pub enum Replay {
+    /// Kept in this process, as the value itself.
+    Local(Arc<dyn Any + Send + Sync>),
+    /// Kept serialized (see [`Codec`]).
+    Encoded(Vec<u8>),
+    /// The value does not serialize: the call is known complete, and a
+    /// repeat obtains the value by verifying. It never dispatches again.
+    Unrecorded,
+}
+
+impl fmt::Debug for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Replay::Local(_) => f.write_str("Local(..)"),
+            Replay::Encoded(bytes) => write!(f, "Encoded({} bytes)", bytes.len()),
+            Replay::Unrecorded => f.write_str("Unrecorded"),
+        }
+    }
+}
+
+/// A completed call's value, offered to the ledger in the form it keeps.
+pub trait Recorded: Send + Sync {
+    /// The value, shared, for a ledger in this process.
+    fn local(&self) -> Arc<dyn Any + Send + Sync>;
+    /// The value serialized, for a ledger in a store; `None` when the value
+    /// does not serialize (the record then says completed, without value).
+    fn encode(&self) -> Option<Vec<u8>>;
+}
+
+/// How a call that held a key ended.
+pub enum End<'a> {
+    /// The effect happened: keep the value for replays, for the TTL.
+    Completed(&'a dyn Recorded),
+    /// Attempts went out and the effect is known not to have happened (a
+    /// definitive error, or a trusted `Absent`): kept for the TTL, so a
+    /// repeat uses only the rest of the key's budget.
+    Settled,
+    /// The effect is in doubt: kept until a call proves it, so the next
+    /// call with this key verifies first.
+    InDoubt,
+}
+
+impl fmt::Debug for End<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            End::Completed(_) => "Completed",
+            End::Settled => "Settled",
+            End::InDoubt => "InDoubt",
+        })
+    }
+}
+
+/// A ledger operation failed. The engine refuses a call whose claim fails
+/// and stops dispatching when a write-through fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The store could not be reached or did not answer.
+    #[error("the ledger's store is unavailable: {0}")]
+    Unavailable(String),
+    /// The hold's fence is no longer the key's: another call took the key
+    /// over after the lease ended.
+    #[error("the hold on this key was taken over by a later call (fence {0})")]
+    Fenced(Fence),
+    /// The ledger is at its record cap and every record is in doubt or held.
+    #[error("the ledger is full: {0} records, none of them evictable")]
+    Full(usize),
+    /// A record could not be read back.
+    #[error("a ledger record is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// The future of a ledger operation: ready at once for a ledger in the
+/// process (no allocation on the success path), boxed for a store.
+#[must_use = "a ledger operation does nothing until awaited"]
+pub struct LedgerFuture<'a, T>(Inner<'a, T>);
+
+enum Inner<'a, T> {
+    Ready(Option<Result<T, LedgerError>>),
+    Boxed(Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 'a>>),
+}
+
+impl<'a, T> LedgerFuture<'a, T> {
+    /// An answer already computed.
+    pub fn ready(result: Result<T, LedgerError>) -> Self {
+        Self(Inner::Ready(Some(result)))
+    }
+
+    /// An answer still to come from a store.
+    pub fn boxed(future: impl Future<Output = Result<T, LedgerError>> + Send + 'a) -> Self {
+        Self(Inner::Boxed(Box::pin(future)))
+    }
+}
+
+// Neither variant is structurally pinned: the boxed future is pinned on the
+// heap, the ready value is only moved out.
+impl<T> Unpin for LedgerFuture<'_, T> {}
+
+impl<T> Future for LedgerFuture<'_, T> {
+    type Output = Result<T, LedgerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Inner::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .unwrap_or_else(|| Err(LedgerError::Corrupt("polled after completion".into()))),
+            ),
+            Inner::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for LedgerFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            Inner::Ready(_) => "LedgerFuture::Ready",
+            Inner::Boxed(_) => "LedgerFuture::Boxed",
+        })
+    }
+}
+
+/// Storage of call records, keyed by idempotency key. See the [module
+/// docs](self) for the rules every backend keeps; `tests/ledger_conformance.rs`
+/// checks them against each backend.
+pub trait Ledger: Send + Sync {
+    /// Looks the key up (and [`ClaimRequest::previous`]) and, when free or
+    /// in doubt, claims it for the caller, atomically.
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim>;
+
+    /// Records, before an attempt goes out, what the holder has done so far.
+    /// Fails with [`LedgerError::Fenced`] when the hold was taken over: the
+    /// caller must then not dispatch.
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()>;
+
+    /// Records how the call that holds `key` under `fence` ended and ends
+    /// the hold. Fails with [`LedgerError::Fenced`] (changing nothing) when
+    /// the hold was taken over.
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()>;
+
+    /// The holder's call was dropped (cancelled, or its task panicked): end
+    /// the hold now, leaving the record in doubt, so that the next call with
+    /// the key verifies before it dispatches without waiting for the lease.
+    /// Called from a destructor: must not block. A store may do it in the
+    /// background; if that is lost, the lease ends the hold.
+    fn abandon(&self, key: IdempotencyKey, fence: Fence);
+
+    /// How long a hold lasts before the key is taken over in doubt.
+    fn lease(&self) -> Duration;
+}
+
+impl<L: Ledger + ?Sized> Ledger for Arc<L> {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        (**self).claim(request)
+    }
+
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()> {
+        (**self).dispatching(key, fence, progress)
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()> {
+        (**self).finish(key, fence, end)
+    }
+
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        (**self).abandon(key, fence)
+    }
+
+    fn lease(&self) -> Duration {
+        (**self).lease()
+    }
+}

@@ -1,0 +1,635 @@
+//! The Redis ledger (feature `redis`): records in a Redis (or Valkey)
+//! server, shared by every process and host that connects to it. The
+//! operator's guide (starting Redis, persistence, restarts, memory policy,
+//! the keys it writes) is on [`RedisLedger`], where the published docs show
+//! it.
+//!
+//! Every operation is one server-side Lua script, run atomically by Redis in
+//! one round trip (`EVALSHA`; the scripts are loaded at connect, and again
+//! by the client after a Redis restart empties the script cache).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, ScriptInvocation, Value};
+
+use super::{
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Replay,
+    Settle,
+};
+use crate::{IdempotencyKey, PayloadDigest};
+
+/// Claims a key (or the previous bucket's key), in one step.
+///
+/// KEYS: the fence counter, the record [, the previous bucket's record].
+/// ARGV: fingerprint, previous fingerprint, lease (µs), the first attempt's
+/// attempts, after-OK flag and settle time (µs from now, -1: never).
+///
+/// Replies `{kind, which, ...}`: `which` 0 for the key, 1 for the previous
+/// one; kind 1 fresh `{fence}`, 2 resume `{fence, attempts, after_ok, settle
+/// left (µs, -1: never)}`, 3 completed `{has value, value}`, 4 in flight
+/// `{lease left (µs)}`, 5 mismatch.
+const CLAIM: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local lease = tonumber(ARGV[3])
+local function int(x) return string.format('%.0f', x) end
+local function take(key, fp, which)
+  local r = redis.call('HMGET', key, 'f', 's', 'l', 'a', 'o', 't', 'v')
+  if not r[1] then
+    local fence = redis.call('INCR', KEYS[1])
+    local fields = {'f', fp, 's', 'h', 'n', int(fence), 'l', int(now + lease),
+      'a', ARGV[4], 'o', ARGV[5]}
+    local settle = tonumber(ARGV[6])
+    if settle >= 0 then
+      fields[13] = 't'
+      fields[14] = int(now + settle)
+    end
+    redis.call('HSET', key, unpack(fields))
+    return {1, which, fence}
+  end
+  if r[1] ~= fp then return {5, which} end
+  if r[2] == 'c' then
+    if r[7] then return {3, which, 1, r[7]} end
+    return {3, which, 0}
+  end
+  if r[2] == 'h' then
+    local left = tonumber(r[3]) - now
+    if left > 0 then return {4, which, left} end
+  end
+  -- In doubt, settled, or held past its lease: taken over, to verify first.
+  local fence = redis.call('INCR', KEYS[1])
+  redis.call('HSET', key, 's', 'h', 'n', int(fence), 'l', int(now + lease))
+  redis.call('PERSIST', key)
+  local settle = -1
+  if r[6] then settle = math.max(0, tonumber(r[6]) - now) end
+  return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle}
+end
+if KEYS[3] then
+  local f = redis.call('HGET', KEYS[3], 'f')
+  if f == ARGV[2] then return take(KEYS[3], ARGV[2], 1) end
+end
+return take(KEYS[2], ARGV[1], 0)
+";
+
+/// Records the holder's progress. KEYS: the record. ARGV: fence, attempts,
+/// after-OK flag, settle time (µs from now, -1: never). Replies 1, or 0 when
+/// the fence does not hold the key.
+const DISPATCHING: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 'n')
+if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'a', ARGV[2], 'o', ARGV[3])
+local settle = tonumber(ARGV[4])
+if settle >= 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('HSET', KEYS[1], 't', string.format('%.0f', now + settle))
+else
+  redis.call('HDEL', KEYS[1], 't')
+end
+return 1
+";
+
+/// Ends a hold. KEYS: the record. ARGV: fence, end (`c`, `s` or `d`), TTL
+/// (ms) [, the value]. Replies 1, or 0 when the fence does not hold the key.
+const FINISH: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 'n')
+if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
+if ARGV[2] == 'c' and ARGV[4] then
+  redis.call('HSET', KEYS[1], 's', 'c', 'v', ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 's', ARGV[2])
+end
+if ARGV[2] ~= 'd' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+";
+
+/// Leaves a hold in doubt. KEYS: the record. ARGV: fence. Replies 1, or 0
+/// when the fence does not hold the key.
+const ABANDON: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 'n')
+if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 's', 'd')
+return 1
+";
+
+static SCRIPTS: LazyLock<[Script; 4]> =
+    LazyLock::new(|| [CLAIM, DISPATCHING, FINISH, ABANDON].map(Script::new));
+
+fn script(which: usize) -> &'static Script {
+    &SCRIPTS[which]
+}
+
+const S_CLAIM: usize = 0;
+const S_DISPATCHING: usize = 1;
+const S_FINISH: usize = 2;
+const S_ABANDON: usize = 3;
+
+/// Durations sent to Redis are capped here (about 35 years): the scripts'
+/// arithmetic is on doubles, exact below 2^53 µs.
+const MAX_MICROS: u64 = 1 << 50;
+
+/// A ledger in a Redis (or Valkey) server, shared by every process and host
+/// that connects to it with the same prefix.
+///
+/// - Claims, write-throughs, finishes and abandons are each one Lua script,
+///   run atomically by Redis, in one round trip (`EVALSHA`): a successful
+///   call costs two, its claim (which records the first attempt) and its
+///   finish.
+/// - Fences come from one counter per prefix (`INCR`), so they grow across
+///   all keys and processes.
+/// - Leases, settle times and expiries run on Redis's clock (`TIME`).
+/// - Completed and settled records expire after the TTL (24 h by default);
+///   held and in-doubt records never expire.
+/// - A completed call's value is kept as the JSON its
+///   [`Codec`](super::Codec) writes; a value without one is recorded as
+///   completed without value (a repeat verifies to get it).
+/// - [`abandon`](Ledger::abandon) (from a destructor) runs in the background
+///   on the current tokio runtime; if it is lost (no runtime, the runtime
+///   shutting down, Redis unreachable), the lease ends the hold instead.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use verified_tools::Context;
+/// use verified_tools::ledger::RedisLedger;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = RedisLedger::connect("redis://127.0.0.1:6379/")
+///     .await?
+///     .with_prefix("billing:")
+///     .with_lease(Duration::from_secs(600))
+///     .with_ttl(Duration::from_secs(24 * 3600));
+/// let cx = Context::new("billing-agent").with_ledger(Arc::new(ledger));
+/// # let _ = cx; Ok(()) }
+/// ```
+///
+/// # Starting Redis
+///
+/// ```text
+/// redis-server --port 6379 --appendonly yes --appendfsync always
+/// ```
+///
+/// [Valkey](https://valkey.io) works too (`valkey-server`, same options).
+/// Redis 7 is what this is tested with: the scripts read `TIME`, which
+/// scripts may do since their effects, not the scripts, are replicated.
+///
+/// # What the guarantees assume
+///
+/// - **Persistence: AOF with `appendfsync always`.** Redis acknowledges a
+///   script only after its writes reach the disk, so no record that a call
+///   was told about is lost in a crash. With `appendfsync everysec` (Redis's
+///   default when AOF is on), up to about a second of records can be lost
+///   when Redis (or its host) crashes: a lost *in-doubt* record, or a lost
+///   hold whose call was dispatching, lets the next call with the key
+///   dispatch without verifying first, so it may apply the effect twice
+///   (unless the service itself honours the idempotency key); a lost fence
+///   counter increment can hand a fence out twice. RDB snapshots alone
+///   (`save ...`, no AOF) lose everything since the last snapshot: minutes.
+/// - **Restarts.** Records come back from the AOF. A hold whose lease passed
+///   while Redis was down is taken over in doubt by the next call, which
+///   verifies before it dispatches. Calls made while Redis was down were
+///   refused before they dispatched anything (fail closed); calls that were
+///   running stop dispatching at their next write-through.
+/// - **One instance or a primary, not Redis Cluster.** Each script touches the
+///   namespace's fence counter and a record key, which Cluster would place
+///   in different slots. With replication, point the ledger at the primary:
+///   a failover to a replica that lags loses what the primary had not sent
+///   (`WAIT`-less replication is asynchronous).
+/// - **Memory: `maxmemory-policy noeviction` or a `volatile-*` policy.**
+///   Completed and settled records are written with an expiry (the TTL);
+///   held and in-doubt records and the fence counter have none, so a
+///   `volatile-*` policy can only ever evict finished records (a repeat of an
+///   evicted completed call then runs anew), and `noeviction` refuses new
+///   claims when memory is full (the calls are refused: fail closed). Never an
+///   `allkeys-*` policy: it could evict a record in doubt or the fence
+///   counter.
+///
+/// # Keys
+///
+/// With the prefix `vt:` (the default, see [`with_prefix`](Self::with_prefix)):
+/// `vt:fence` is the fence counter (an integer, `INCR`ed by every claim, so
+/// fences grow across all keys), and `vt:k:<32 hex digits>` is the record of
+/// one idempotency key, a hash:
+///
+/// | field | meaning |
+/// |---|---|
+/// | `f` | the payload fingerprint (32 hex digits) |
+/// | `s` | state: `h` held, `d` in doubt, `s` settled, `c` completed |
+/// | `n` | the fence of the (last) hold |
+/// | `l` | when the hold's lease ends (Redis `TIME`, µs) |
+/// | `a` | attempts dispatched under the key |
+/// | `o` | `1` when the last attempt answered OK unconfirmed |
+/// | `t` | when the last attempt settles (Redis `TIME`, µs; absent: never) |
+/// | `v` | a completed call's value, as JSON (absent: not serializable) |
+///
+/// # Time
+///
+/// Leases, settle times and expiries are measured by Redis's clock only (the
+/// scripts read `TIME`): hosts with skewed clocks agree. Durations cross the
+/// wire, never instants. The ledger needs tokio's real time: its timeouts
+/// would fire at once on a paused clock.
+///
+/// # Failures
+///
+/// Every operation is bounded: the connection and each answer time out after
+/// [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) (see
+/// [`connect_with_timeout`](Self::connect_with_timeout)), and a whole
+/// operation after twice that. A Redis that is down or does not answer gives
+/// [`LedgerError::Unavailable`], and the engine refuses the call before it
+/// dispatches. A connection found broken is re-established, and the
+/// operation retried once on it (a claim or write that did land the first
+/// time is then answered as in flight or fenced: conservative, never a
+/// second dispatch). Likewise a claim that timed out may still have landed
+/// (a Redis that hangs runs its queue when it wakes): its key then stays
+/// held until the lease ends, and the next call takes it over in doubt and
+/// verifies first.
+#[derive(Debug, Clone)]
+pub struct RedisLedger {
+    conn: ConnectionManager,
+    prefix: String,
+    lease: Duration,
+    ttl: Duration,
+    timeout: Duration,
+}
+
+impl RedisLedger {
+    /// The default prefix of the ledger's keys.
+    pub const DEFAULT_PREFIX: &'static str = "vt:";
+    /// The default timeout of connecting and of each answer; a whole
+    /// operation is bounded by twice it.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Connects to the Redis server at `url`
+    /// (`redis://[user:password@]host:port/db`), with the [default
+    /// timeout](Self::DEFAULT_TIMEOUT), and loads the scripts.
+    /// Fails with [`LedgerError::Unavailable`] if the server cannot be
+    /// reached. Afterwards, the connection is re-established by itself.
+    ///
+    /// Records live 24 hours, keys are leased for 10 minutes, and the keys'
+    /// prefix is [`DEFAULT_PREFIX`](Self::DEFAULT_PREFIX).
+    ///
+    /// ```no_run
+    /// use verified_tools::ledger::{Ledger, RedisLedger};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ledger = RedisLedger::connect("redis://127.0.0.1:6379/").await?;
+    /// assert_eq!(ledger.lease().as_secs(), 600);
+    /// assert_eq!(ledger.prefix(), "vt:");
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, LedgerError> {
+        Self::connect_with_timeout(url, Self::DEFAULT_TIMEOUT).await
+    }
+
+    /// Like [`connect`](Self::connect), with another timeout for connecting
+    /// and for each answer (a whole operation is bounded by twice it): long
+    /// enough for the server's fsync under load, short enough that calls
+    /// are refused promptly when Redis is down.
+    pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<Self, LedgerError> {
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(200));
+        let connecting = async {
+            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            for script in SCRIPTS.iter() {
+                script.prepare_invoke().load_async(&mut conn).await?;
+            }
+            Ok::<_, RedisError>(conn)
+        };
+        let conn = match tokio::time::timeout(bound(timeout), connecting).await {
+            Ok(connected) => connected.map_err(unavailable)?,
+            Err(_) => return Err(no_answer(bound(timeout))),
+        };
+        Ok(Self {
+            conn,
+            prefix: Self::DEFAULT_PREFIX.to_owned(),
+            lease: Duration::from_secs(600),
+            ttl: Duration::from_secs(24 * 3600),
+            timeout,
+        })
+    }
+
+    /// Sets the prefix of the ledger's keys (`vt:` by default): ledgers with
+    /// different prefixes on one server are separate, each with its own
+    /// fence counter. Every process sharing the records must use the same.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets how long a call may hold a key (10 minutes by default), on
+    /// Redis's clock: past it, the next call takes the key over in doubt. It
+    /// must outlast every call's deadline
+    /// ([`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout)): the
+    /// engine refuses calls whose deadline is longer.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how long completed and settled records are kept (24 hours by
+    /// default), as a Redis expiry. Records in doubt never expire.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The prefix of the ledger's keys.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// How long completed and settled records are kept.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The timeout of connecting and of each answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The Redis key of the fence counter.
+    fn fence_key(&self) -> String {
+        format!("{}fence", self.prefix)
+    }
+
+    /// The Redis key of one idempotency key's record.
+    fn record_key(&self, key: IdempotencyKey) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 34);
+        out.push_str(&self.prefix);
+        out.push_str("k:");
+        out.push_str(key.to_hex().as_str());
+        out
+    }
+
+    async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, LedgerError> {
+        run(self.conn.clone(), self.timeout, invocation).await
+    }
+}
+
+/// Runs a script, bounded, retrying once on a connection found broken.
+async fn run(
+    mut conn: ConnectionManager,
+    timeout: Duration,
+    invocation: &ScriptInvocation<'_>,
+) -> Result<Value, LedgerError> {
+    let attempts = async {
+        match invocation.invoke_async::<Value>(&mut conn).await {
+            // The connection was found closed or refused: the manager has
+            // started to re-establish it. A script that did run before the
+            // connection broke answers the retry conservatively (in flight,
+            // fenced), never with a second claim.
+            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
+                invocation.invoke_async::<Value>(&mut conn).await
+            }
+            other => other,
+        }
+    };
+    match tokio::time::timeout(bound(timeout), attempts).await {
+        Ok(answer) => answer.map_err(unavailable),
+        Err(_) => Err(no_answer(bound(timeout))),
+    }
+}
+
+fn bound(timeout: Duration) -> Duration {
+    timeout.saturating_mul(2)
+}
+
+fn unavailable(error: RedisError) -> LedgerError {
+    LedgerError::Unavailable(format!("redis: {error}"))
+}
+
+fn no_answer(after: Duration) -> LedgerError {
+    LedgerError::Unavailable(format!("redis: no answer within {after:?}"))
+}
+
+fn corrupt(what: &str, reply: &Value) -> LedgerError {
+    LedgerError::Corrupt(format!("redis: unexpected {what} reply {reply:?}"))
+}
+
+/// A duration in µs, rounded up (a lease or settle time is never shortened),
+/// capped at [`MAX_MICROS`].
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX).min(MAX_MICROS)
+}
+
+/// A duration in ms, rounded up, capped as [`micros`].
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX).min(MAX_MICROS / 1_000)
+}
+
+/// A settle time as the scripts take it: µs from now, -1 for never.
+fn settle_arg(settle: Settle) -> i64 {
+    match settle {
+        // MAX_MICROS fits an i64.
+        Settle::After(d) => micros(d) as i64,
+        Settle::Never => -1,
+    }
+}
+
+fn fingerprint_hex(fingerprint: PayloadDigest) -> String {
+    format!("{:032x}", fingerprint.as_u128())
+}
+
+fn fence_arg(fence: Fence) -> String {
+    fence.0.to_string()
+}
+
+/// Reads a claim script's reply.
+fn claimed(reply: &Value, request: &ClaimRequest) -> Result<Claim, LedgerError> {
+    let bad = || corrupt("claim", reply);
+    let Value::Array(items) = reply else { return Err(bad()) };
+    let int = |i: usize| match items.get(i) {
+        Some(Value::Int(n)) => Ok(*n),
+        _ => Err(bad()),
+    };
+    let fence = |i: usize| int(i).and_then(|n| u64::try_from(n).map(Fence).map_err(|_| bad()));
+    let key = match (int(1)?, request.previous) {
+        (0, _) => request.key,
+        (1, Some((previous, _))) => previous,
+        _ => return Err(bad()),
+    };
+    let state = match int(0)? {
+        1 => Claimed::Fresh(fence(2)?),
+        2 => {
+            let attempts = u32::try_from(int(3)?).map_err(|_| bad())?;
+            let settle = match int(5)? {
+                left if left >= 0 => Settle::After(Duration::from_micros(left.unsigned_abs())),
+                _ => Settle::Never,
+            };
+            Claimed::Resume(fence(2)?, Progress { attempts, after_ok: int(4)? != 0, settle })
+        }
+        3 => Claimed::Completed(match (int(2)?, items.get(3)) {
+            (0, None) => Replay::Unrecorded,
+            (1, Some(Value::BulkString(bytes))) => Replay::Encoded(bytes.clone()),
+            _ => return Err(bad()),
+        }),
+        4 => Claimed::InFlight(Duration::from_micros(int(2)?.max(0).unsigned_abs())),
+        5 => Claimed::Mismatch,
+        _ => return Err(bad()),
+    };
+    Ok(Claim { key, state })
+}
+
+/// Reads a fenced write's reply: 1 done, 0 fenced.
+fn fenced(what: &str, reply: &Value, fence: Fence) -> Result<(), LedgerError> {
+    match reply {
+        Value::Int(1) => Ok(()),
+        Value::Int(0) => Err(LedgerError::Fenced(fence)),
+        other => Err(corrupt(what, other)),
+    }
+}
+
+impl Ledger for RedisLedger {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        LedgerFuture::boxed(async move {
+            let first = request.first;
+            let mut invocation = script(S_CLAIM).prepare_invoke();
+            invocation.key(self.fence_key()).key(self.record_key(request.key));
+            let previous_fingerprint = match request.previous {
+                Some((previous, fingerprint)) => {
+                    invocation.key(self.record_key(previous));
+                    fingerprint_hex(fingerprint)
+                }
+                None => String::new(),
+            };
+            invocation
+                .arg(fingerprint_hex(request.fingerprint))
+                .arg(previous_fingerprint)
+                .arg(micros(self.lease))
+                .arg(first.attempts)
+                .arg(u8::from(first.after_ok))
+                .arg(settle_arg(first.settle));
+            let reply = self.run(&invocation).await?;
+            claimed(&reply, &request)
+        })
+    }
+
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()> {
+        LedgerFuture::boxed(async move {
+            let mut invocation = script(S_DISPATCHING).prepare_invoke();
+            invocation
+                .key(self.record_key(key))
+                .arg(fence_arg(fence))
+                .arg(progress.attempts)
+                .arg(u8::from(progress.after_ok))
+                .arg(settle_arg(progress.settle));
+            fenced("dispatching", &self.run(&invocation).await?, fence)
+        })
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()> {
+        // Encoded at once: the future owns what it sends.
+        let (state, value) = match end {
+            End::Completed(value) => ("c", value.encode()),
+            End::Settled => ("s", None),
+            End::InDoubt => ("d", None),
+        };
+        LedgerFuture::boxed(async move {
+            let mut invocation = script(S_FINISH).prepare_invoke();
+            invocation
+                .key(self.record_key(key))
+                .arg(fence_arg(fence))
+                .arg(state)
+                .arg(millis(self.ttl));
+            if let Some(value) = value {
+                invocation.arg(value);
+            }
+            fenced("finish", &self.run(&invocation).await?, fence)
+        })
+    }
+
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        // Called from a destructor: never blocks. Without a runtime, or if
+        // the write is lost, the lease ends the hold.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (conn, timeout, record) = (self.conn.clone(), self.timeout, self.record_key(key));
+        runtime.spawn(async move {
+            let mut invocation = script(S_ABANDON).prepare_invoke();
+            invocation.key(record).arg(fence_arg(fence));
+            let _ = run(conn, timeout, &invocation).await;
+        });
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_up_and_are_capped() {
+        assert_eq!(micros(Duration::from_nanos(1)), 1);
+        assert_eq!(micros(Duration::from_micros(7)), 7);
+        assert_eq!(millis(Duration::from_micros(1_001)), 2);
+        assert_eq!(micros(Duration::MAX), MAX_MICROS);
+        assert_eq!(millis(Duration::MAX), MAX_MICROS / 1_000);
+        assert_eq!(settle_arg(Settle::Never), -1);
+        assert_eq!(settle_arg(Settle::NOW), 0);
+    }
+
+    #[test]
+    fn claim_replies_are_read_for_the_right_key() {
+        let key = IdempotencyKey::from_u128(1);
+        let previous = IdempotencyKey::from_u128(2);
+        let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
+        let request = ClaimRequest {
+            key,
+            fingerprint: PayloadDigest::from_u128(1),
+            previous: Some((previous, PayloadDigest::from_u128(2))),
+            first,
+            now: tokio::time::Instant::now(),
+        };
+        let reply = |items: Vec<Value>| Value::Array(items);
+        let claim = claimed(&reply(vec![Value::Int(1), Value::Int(0), Value::Int(9)]), &request)
+            .expect("a fresh claim");
+        assert_eq!(claim.key, key);
+        assert!(matches!(claim.state, Claimed::Fresh(Fence(9))));
+        let resume = [2, 1, 10, 3, 1, -1].map(Value::Int).to_vec();
+        let claim = claimed(&reply(resume), &request).expect("a resumed claim");
+        assert_eq!(claim.key, previous);
+        let Claimed::Resume(Fence(10), progress) = claim.state else { panic!("{claim:?}") };
+        assert_eq!(progress, Progress { attempts: 3, after_ok: true, settle: Settle::Never });
+        let done =
+            vec![Value::Int(3), Value::Int(0), Value::Int(1), Value::BulkString(b"7".into())];
+        let claim = claimed(&reply(done), &request).expect("a completed claim");
+        assert!(matches!(claim.state, Claimed::Completed(Replay::Encoded(ref b)) if b == b"7"));
+        let unrecorded =
+            claimed(&reply(vec![Value::Int(3), Value::Int(0), Value::Int(0)]), &request);
+        assert!(matches!(unrecorded.map(|c| c.state), Ok(Claimed::Completed(Replay::Unrecorded))));
+        let flight =
+            claimed(&reply(vec![Value::Int(4), Value::Int(0), Value::Int(1500)]), &request);
+        assert!(
+            matches!(flight.map(|c| c.state), Ok(Claimed::InFlight(d)) if d == Duration::from_micros(1500))
+        );
+        // Anything else is corrupt, never guessed at.
+        let alone = ClaimRequest { previous: None, ..request };
+        assert!(matches!(
+            claimed(&reply(vec![Value::Int(5), Value::Int(1)]), &alone),
+            Err(LedgerError::Corrupt(_))
+        ));
+        assert!(matches!(claimed(&Value::Nil, &request), Err(LedgerError::Corrupt(_))));
+        let unknown = claimed(&reply(vec![Value::Int(9), Value::Int(0)]), &request);
+        assert!(matches!(unknown, Err(LedgerError::Corrupt(_))));
+    }
+}

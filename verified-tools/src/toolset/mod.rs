@@ -1,0 +1,71 @@
+//! Handing verified tools to a model: outcomes it can read, and (feature
+//! `schema`) tool sets that list tools with their JSON Schemas and dispatch
+//! the model's calls by name.
+//!
+//! - [`ToolOutcome`]: a [`ToolResult`](crate::ToolResult) (or an argument
+//!   error) serialized for the model: `status`, `value`, `proof`, `key`,
+//!   `reason`, `error`, and for everything but a success an `instruction`
+//!   in plain words. Always available.
+//! - [`ToolSet`] (feature `schema`): built from the `<name>_tool()`
+//!   descriptors of `#[verified_tool(schema = true)]` tools and their
+//!   shared state; lists them as OpenAI, Anthropic or MCP tools
+//!   ([`mcp_annotations`] from the side-effect class); dispatches a call
+//!   by name, with the provider's tool-call id as the identity of the
+//!   logical call.
+//! - `verified_tools::mcp` (feature `mcp`) serves a tool set over MCP.
+//!
+//! # Hostile arguments
+//!
+//! A model's arguments are untrusted input. `<name>_json` refuses, as an
+//! argument error and before anything is dispatched: a non-object, unknown
+//! fields, missing or ill-typed fields (named, with the JSON type expected:
+//! "field `customer`: expected a non-negative integer, got a string"), and
+//! any field nested deeper than 128 levels of arrays and objects — the
+//! limit of serde_json's parser, enforced without recursion, so a `Value`
+//! built in memory 100,000 levels deep is an error, not a stack overflow.
+
+// What the generated `<name>_json` and `<name>_tool` call, through
+// `verified_tools::__private`: not public API.
+#[doc(hidden)]
+pub mod args;
+mod outcome;
+
+#[cfg(feature = "schema")]
+mod def;
+#[cfg(feature = "schema")]
+#[doc(hidden)]
+pub mod schema;
+#[cfg(feature = "schema")]
+mod set;
+
+pub use outcome::{Status, ToolOutcome};
+
+#[cfg(feature = "schema")]
+pub use def::{CallFn, Has, SchemaFn, ToolDef, ToolFuture};
+#[cfg(feature = "schema")]
+pub use schema::JsonObject;
+#[cfg(feature = "schema")]
+pub use set::{ToolSet, mcp_annotations};
+
+/// The items of `#[verified_tool(schema = true)]`: emitted as they are with
+/// the `schema` feature, replaced by one error saying how to enable it
+/// without.
+#[cfg(feature = "schema")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __verified_tools_schema_items {
+    ($($items:tt)*) => { $($items)* };
+}
+
+/// See the other definition.
+#[cfg(not(feature = "schema"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __verified_tools_schema_items {
+    ($($items:tt)*) => {
+        ::core::compile_error!(
+            "`schema = true` needs the `schema` feature of verified-tools: \
+             `verified-tools = { version = \"0.1\", features = [\"schema\"] }`"
+        );
+    };
+}

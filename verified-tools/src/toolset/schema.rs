@@ -1,0 +1,331 @@
+//! JSON Schemas of tool arguments and outcomes, built with schemars for the
+//! code `#[verified_tool(schema = true)]` generates (through
+//! `verified_tools::__private::schema`; not public API).
+//!
+//! The arguments' schema is the schema of what `<tool>_json` accepts,
+//! exactly: an object with one property per key-relevant parameter, named
+//! as the parameter (raw identifiers unraw'ed), typed as the type the field
+//! is read as (`&str` a string, `&[T]` an array), required unless the type
+//! reads an absent field (`null`) as a value (an `Option`), and no other
+//! properties. Subschemas are inlined (models read inline schemas best);
+//! only recursive types keep a `$defs` entry.
+
+use std::marker::PhantomData;
+
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::{JsonSchema, Schema};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::outcome::Status;
+use crate::UnknownReason;
+
+pub use schemars;
+
+/// A JSON Schema object.
+pub type JsonObject = Map<String, Value>;
+
+/// The generator of argument schemas: draft 2020-12 (MCP's dialect),
+/// subschemas inline, no `$schema` keyword (OpenAI and Anthropic take the
+/// schema as a bare object).
+pub fn generator() -> SchemaGenerator {
+    SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.meta_schema = None;
+            s.inline_subschemas = true;
+        })
+        .into_generator()
+}
+
+/// One property of the arguments object.
+#[derive(Debug)]
+pub struct Property {
+    name: &'static str,
+    schema: Schema,
+    required: bool,
+}
+
+/// The property `name`, typed `T` (the type the field is read as).
+pub fn property<T: JsonSchema + ?Sized>(
+    generator: &mut SchemaGenerator,
+    name: &'static str,
+    description: Option<&'static str>,
+    required: bool,
+) -> Property {
+    let mut schema = generator.subschema_for::<T>();
+    if let Some(description) = description {
+        schema.insert("description".to_owned(), description.into());
+    }
+    Property { name, schema, required }
+}
+
+/// Whether `T` reads `null` (the value of an absent field in `<tool>_json`)
+/// as a value: then the field is not required.
+pub fn accepts_null<T: Deserialize<'static>>() -> bool {
+    static NULL: Value = Value::Null;
+    T::deserialize(&NULL).is_ok()
+}
+
+/// The arguments object of these properties.
+pub fn object(mut generator: SchemaGenerator, properties: Vec<Property>) -> JsonObject {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for p in properties {
+        if p.required {
+            required.push(Value::from(p.name));
+        }
+        props.insert(p.name.to_owned(), p.schema.to_value());
+    }
+    let mut object = Map::new();
+    object.insert("type".to_owned(), "object".into());
+    object.insert("properties".to_owned(), Value::Object(props));
+    object.insert("required".to_owned(), Value::Array(required));
+    object.insert("additionalProperties".to_owned(), false.into());
+    let defs = generator.take_definitions(true);
+    if !defs.is_empty() {
+        object.insert("$defs".to_owned(), Value::Object(defs));
+    }
+    object
+}
+
+/// The schema of a [`ToolOutcome`](super::ToolOutcome) whose value is a
+/// `T` (what it serializes as): an MCP tool's `outputSchema`.
+pub fn outcome_schema<T: JsonSchema + ?Sized>() -> JsonObject {
+    let mut generator = SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.meta_schema = None;
+            s.inline_subschemas = true;
+        })
+        .for_serialize()
+        .into_generator();
+    let mut value = generator.subschema_for::<T>();
+    value.insert(
+        "description".to_owned(),
+        "The tool's value (status `success`): its answer, or what its verifier observed.".into(),
+    );
+    let statuses: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+    let reasons: Vec<&str> = UNKNOWN_REASONS.iter().map(|(_, name)| *name).collect();
+    let mut object = json!({
+        "type": "object",
+        "properties": {
+            "status": {
+                "type": "string",
+                "enum": statuses,
+                "description": "How the call ended. Anything but `success` comes with an `instruction`."
+            },
+            "value": value.to_value(),
+            "proof": {
+                "type": "string",
+                "enum": ["response", "verifier", "ledger"],
+                "description": "How the success was established."
+            },
+            "key": {
+                "type": "string",
+                "pattern": "^[0-9a-f]{32}$",
+                "description": "The call's idempotency key, to check the effect with later."
+            },
+            "reason": {
+                "type": "string",
+                "enum": reasons,
+                "description": "Why the call stayed in doubt (status `unknown` or `escalated`)."
+            },
+            "error": {"type": "string", "description": "What went wrong."},
+            "instruction": {"type": "string", "description": "What to do next, in plain words."}
+        },
+        "required": ["status"]
+    });
+    let defs = generator.take_definitions(true);
+    if !defs.is_empty()
+        && let Some(map) = object.as_object_mut()
+    {
+        map.insert("$defs".to_owned(), Value::Object(defs));
+    }
+    match object {
+        Value::Object(map) => map,
+        _ => unreachable!("built as an object"),
+    }
+}
+
+/// Every [`UnknownReason`] with its serialized name. The exhaustive match
+/// keeps the list complete: a new reason does not compile until it is here.
+const UNKNOWN_REASONS: [(UnknownReason, &str); 7] = [
+    (UnknownReason::RetriesExhausted, "retries_exhausted"),
+    (UnknownReason::Superseded, "superseded"),
+    (UnknownReason::VerifierInconclusive, "verifier_inconclusive"),
+    (UnknownReason::Unsettled, "unsettled"),
+    (UnknownReason::DeadlineExceeded, "deadline_exceeded"),
+    (UnknownReason::LedgerUnavailable, "ledger_unavailable"),
+    (UnknownReason::ValueNotRecorded, "value_not_recorded"),
+];
+
+#[allow(dead_code)]
+const fn every_reason_is_listed(reason: UnknownReason) -> usize {
+    match reason {
+        UnknownReason::RetriesExhausted => 0,
+        UnknownReason::Superseded => 1,
+        UnknownReason::VerifierInconclusive => 2,
+        UnknownReason::Unsettled => 3,
+        UnknownReason::DeadlineExceeded => 4,
+        UnknownReason::LedgerUnavailable => 5,
+        UnknownReason::ValueNotRecorded => 6,
+    }
+}
+
+/// A key is 32 lowercase hex digits.
+impl JsonSchema for crate::IdempotencyKey {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IdempotencyKey".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[0-9a-f]{32}$",
+            "description": "An idempotency key: 32 lowercase hex digits."
+        })
+    }
+}
+
+/// Picks the output schema of a tool whose value is a `T`: the outcome's
+/// schema when `T: JsonSchema`, none otherwise, at compile time (autoref
+/// specialization, as [`CodecProbe`](crate::ledger::CodecProbe) does):
+/// `(&OutputProbe::<T>::new()).output_schema()` with [`WithOutputSchema`]
+/// and [`WithoutOutputSchema`] in scope.
+pub struct OutputProbe<T: ?Sized>(PhantomData<fn() -> PhantomData<T>>);
+
+impl<T: ?Sized> OutputProbe<T> {
+    /// A probe for `T`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T: ?Sized> Default for OutputProbe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The arm of [`OutputProbe`] for a value type with a schema.
+pub trait WithOutputSchema {
+    /// The output schema's builder.
+    fn output_schema(&self) -> Option<fn() -> JsonObject>;
+}
+
+impl<T: JsonSchema + ?Sized> WithOutputSchema for OutputProbe<T> {
+    fn output_schema(&self) -> Option<fn() -> JsonObject> {
+        Some(outcome_schema::<T>)
+    }
+}
+
+/// The fallback arm of [`OutputProbe`].
+pub trait WithoutOutputSchema {
+    /// No output schema.
+    fn output_schema(&self) -> Option<fn() -> JsonObject>;
+}
+
+impl<T: ?Sized> WithoutOutputSchema for &OutputProbe<T> {
+    fn output_schema(&self) -> Option<fn() -> JsonObject> {
+        None
+    }
+}
+
+/// The property of a parameter whose type is `T`, reached through
+/// `PhantomData::<T>` so that a type without a schema is one error, on the
+/// parameter's type: "the method `argument_type_must_implement_json_schema`
+/// exists for struct `PhantomData<Filter>`, but its trait bounds were not
+/// satisfied … `Filter: JsonSchema`".
+pub trait ArgumentSchema {
+    /// The property `name`: see [`property`].
+    fn argument_type_must_implement_json_schema(
+        &self,
+        generator: &mut SchemaGenerator,
+        name: &'static str,
+        description: Option<&'static str>,
+        required: bool,
+    ) -> Property;
+}
+
+impl<T: JsonSchema + ?Sized> ArgumentSchema for PhantomData<T> {
+    fn argument_type_must_implement_json_schema(
+        &self,
+        generator: &mut SchemaGenerator,
+        name: &'static str,
+        description: Option<&'static str>,
+        required: bool,
+    ) -> Property {
+        property::<T>(generator, name, description, required)
+    }
+}
+
+/// Turns a listed tool's result into its outcome, reached through
+/// `PhantomData::<(T, E)>` so that a value that does not serialize (or an
+/// error without a message) is one error, on the value's type.
+pub trait ValueOutcome<T, E> {
+    /// [`ToolOutcome::from_result`](super::ToolOutcome::from_result) for
+    /// `ToolResult<T, E>`.
+    fn value_must_implement_serialize(&self) -> fn(crate::ToolResult<T, E>) -> super::ToolOutcome;
+}
+
+impl<T: serde::Serialize, E: std::fmt::Display> ValueOutcome<T, E> for PhantomData<(T, E)> {
+    fn value_must_implement_serialize(&self) -> fn(crate::ToolResult<T, E>) -> super::ToolOutcome {
+        super::ToolOutcome::from_result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_serialize_as_listed() {
+        for (i, (reason, name)) in UNKNOWN_REASONS.iter().enumerate() {
+            assert_eq!(serde_json::to_value(reason).unwrap(), *name);
+            assert_eq!(every_reason_is_listed(*reason), i);
+        }
+    }
+
+    #[test]
+    fn the_arguments_object_is_exact() {
+        let mut g = generator();
+        let props = vec![
+            property::<u64>(&mut g, "customer", Some("The customer's id."), !accepts_null::<u64>()),
+            property::<Option<&str>>(&mut g, "note", None, !accepts_null::<Option<&str>>()),
+            property::<Vec<String>>(&mut g, "tags", None, !accepts_null::<Vec<String>>()),
+        ];
+        let schema = Value::Object(object(g, props));
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "customer": {
+                        "type": "integer", "format": "uint64", "minimum": 0,
+                        "description": "The customer's id."
+                    },
+                    "note": {"type": ["string", "null"]},
+                    "tags": {"type": "array", "items": {"type": "string"}}
+                },
+                "required": ["customer", "tags"],
+                "additionalProperties": false
+            })
+        );
+    }
+
+    #[test]
+    #[allow(clippy::needless_borrow)] // the borrow picks the arm
+    fn an_output_schema_only_with_a_value_schema() {
+        use super::{WithOutputSchema as _, WithoutOutputSchema as _};
+        struct NoSchema;
+        assert!((&OutputProbe::<NoSchema>::new()).output_schema().is_none());
+        let schema = (&OutputProbe::<u32>::new()).output_schema().expect("u32 has a schema")();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["properties"]["value"]["type"], "integer");
+        assert_eq!(schema["required"], json!(["status"]));
+        assert_eq!(schema["properties"]["status"]["enum"][3], "unknown");
+    }
+}

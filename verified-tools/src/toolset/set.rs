@@ -1,0 +1,319 @@
+//! A set of verified tools over one shared state: listed for a model,
+//! dispatched by name.
+
+use std::fmt;
+
+use serde_json::{Map, Value, json};
+
+use super::schema::JsonObject;
+use super::{ToolDef, ToolOutcome};
+use crate::{ArgsError, Context, SideEffect};
+
+/// One value that lists a group of verified tools in the formats models are
+/// given tools in, and dispatches their calls by name.
+///
+/// Built from the `<name>_tool()` descriptors that
+/// `#[verified_tool(schema = true)]` generates, and the state their
+/// skipped parameters (or `&self`) borrow: a client, a pool. A call is
+/// keyed by the provider's tool-call id ([`Context::for_tool_call`]): the
+/// same id is the same logical call, replayed from the ledger or verified
+/// first, never executed twice.
+///
+/// ```
+/// use verified_tools::toolset::{Status, ToolSet};
+/// use verified_tools::{verified_tool, Classify, ErrorClass};
+/// use serde_json::json;
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// #[derive(Default)]
+/// pub struct Outbox { sent: AtomicU32 }
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("the outbox is full")]
+/// pub struct Full;
+/// impl Classify for Full {
+///     fn classify(&self) -> ErrorClass { ErrorClass::Definitive }
+/// }
+///
+/// /// Queues a message to a customer.
+/// #[verified_tool(side_effect = "low", skip(outbox), schema = true,
+///                 params(customer = "The customer's id.", text = "What to say."))]
+/// pub async fn send_note(outbox: &Outbox, customer: u64, text: &str) -> Result<u32, Full> {
+///     let _ = (customer, text);
+///     Ok(outbox.sent.fetch_add(1, Ordering::Relaxed) + 1)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let tools = ToolSet::new(Outbox::default()).with(send_note_tool());
+/// // What the model is given (OpenAI chat completions' `tools`).
+/// let listed = tools.openai_tools();
+/// assert_eq!(listed[0]["function"]["name"], "send_note");
+/// assert_eq!(listed[0]["function"]["parameters"]["required"], json!(["customer", "text"]));
+///
+/// // The model's tool call, by name, with its id.
+/// let args = json!({"customer": 7, "text": "hello"});
+/// let first = tools.call("send_note", &args, "call_1").await;
+/// assert_eq!(first.status, Status::Success);
+/// // The same tool call again: replayed from the ledger, not sent twice.
+/// let again = tools.call("send_note", &args, "call_1").await;
+/// assert_eq!(serde_json::to_value(&again).unwrap()["proof"], "ledger");
+/// assert_eq!(tools.state().sent.load(Ordering::Relaxed), 1);
+///
+/// // A bad argument is an outcome the model can act on.
+/// let bad = tools.call("send_note", &json!({"customer": "seven", "text": "hi"}), "call_2").await;
+/// assert_eq!(bad.status, Status::InvalidArguments);
+/// assert_eq!(bad.error.as_deref(), Some("field `customer`: expected a non-negative integer, got a string"));
+/// # }
+/// ```
+pub struct ToolSet<S> {
+    state: S,
+    context: Context,
+    tools: Vec<Listed<S>>,
+}
+
+/// A tool with its schemas, built once.
+struct Listed<S> {
+    def: ToolDef<S>,
+    input: JsonObject,
+    output: Option<JsonObject>,
+}
+
+impl<S> ToolSet<S> {
+    /// An empty set over `state`, calling with `Context::new("verified-tools")`
+    /// (an in-memory ledger; see [`with_context`](Self::with_context)).
+    pub fn new(state: S) -> Self {
+        Self { state, context: Context::new("verified-tools"), tools: Vec::new() }
+    }
+
+    /// Adds a tool.
+    ///
+    /// # Panics
+    ///
+    /// If a tool of the same name is already in the set: a model could not
+    /// tell them apart.
+    #[must_use]
+    pub fn with(mut self, tool: ToolDef<S>) -> Self {
+        assert!(
+            self.get(tool.name()).is_none(),
+            "tool `{}` is already in the set: give one of them another `name = \"..\"`",
+            tool.name()
+        );
+        let input = tool.input_schema();
+        let output = tool.output_schema();
+        self.tools.push(Listed { def: tool, input, output });
+        self
+    }
+
+    /// The context calls are made in (agent id, ledger, policies, audit);
+    /// each call is scoped to its tool-call id on top of it. Share one
+    /// ledger between the sets (and processes) that must see each other's
+    /// calls.
+    #[must_use]
+    pub fn with_context(mut self, context: Context) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The context calls are made in.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The tools, in the order they were added.
+    pub fn tools(&self) -> impl ExactSizeIterator<Item = &ToolDef<S>> {
+        self.tools.iter().map(|t| &t.def)
+    }
+
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<&ToolDef<S>> {
+        self.tools.iter().map(|t| &t.def).find(|t| t.name() == name)
+    }
+
+    /// The tools' names, in order.
+    pub fn names(&self) -> impl ExactSizeIterator<Item = &'static str> + '_ {
+        self.tools.iter().map(|t| t.def.name())
+    }
+
+    /// The tools as OpenAI chat completions' `tools` (also what vLLM,
+    /// llama.cpp and Ollama accept): `[{"type": "function", "function":
+    /// {"name", "description", "parameters"}}]`.
+    pub fn openai_tools(&self) -> Value {
+        Value::Array(
+            self.tools
+                .iter()
+                .map(|t| {
+                    let mut function = Map::new();
+                    function.insert("name".to_owned(), t.def.name().into());
+                    if let Some(description) = description(&t.def) {
+                        function.insert("description".to_owned(), description.into());
+                    }
+                    function.insert("parameters".to_owned(), Value::Object(t.input.clone()));
+                    json!({"type": "function", "function": function})
+                })
+                .collect(),
+        )
+    }
+
+    /// The tools as Anthropic's Messages API `tools`: `[{"name",
+    /// "description", "input_schema"}]`.
+    pub fn anthropic_tools(&self) -> Value {
+        Value::Array(
+            self.tools
+                .iter()
+                .map(|t| {
+                    let mut tool = Map::new();
+                    tool.insert("name".to_owned(), t.def.name().into());
+                    if let Some(description) = description(&t.def) {
+                        tool.insert("description".to_owned(), description.into());
+                    }
+                    tool.insert("input_schema".to_owned(), Value::Object(t.input.clone()));
+                    Value::Object(tool)
+                })
+                .collect(),
+        )
+    }
+
+    /// The tools as MCP `Tool`s (the `tools` of a `tools/list` answer):
+    /// `name`, `description`, `inputSchema`, `outputSchema` where the value
+    /// type has a schema, and the `annotations` that follow from the
+    /// side-effect class ([`mcp_annotations`]).
+    pub fn mcp_tools(&self) -> Value {
+        Value::Array(
+            self.tools
+                .iter()
+                .map(|t| {
+                    let mut tool = Map::new();
+                    tool.insert("name".to_owned(), t.def.name().into());
+                    if let Some(description) = description(&t.def) {
+                        tool.insert("description".to_owned(), description.into());
+                    }
+                    tool.insert("inputSchema".to_owned(), Value::Object(t.input.clone()));
+                    if let Some(output) = &t.output {
+                        tool.insert("outputSchema".to_owned(), Value::Object(output.clone()));
+                    }
+                    tool.insert(
+                        "annotations".to_owned(),
+                        mcp_annotations(t.def.spec().side_effect),
+                    );
+                    Value::Object(tool)
+                })
+                .collect(),
+        )
+    }
+}
+
+impl<S: Sync> ToolSet<S> {
+    /// Calls the tool `name` with `arguments` as the logical call
+    /// `tool_call_id` (the id the provider gave the model's tool call): a
+    /// repeat of the same id with the same arguments is the same call,
+    /// replayed or verified first, never executed twice.
+    pub async fn call(&self, name: &str, arguments: &Value, tool_call_id: &str) -> ToolOutcome {
+        self.call_in(&self.context.for_tool_call(tool_call_id), name, arguments).await
+    }
+
+    /// [`call`](Self::call) with the arguments as the model wrote them: a
+    /// JSON text (OpenAI's `function.arguments`). Text that is not JSON is
+    /// an argument error; an empty text reads as `{}`.
+    pub async fn call_text(&self, name: &str, arguments: &str, tool_call_id: &str) -> ToolOutcome {
+        let parsed = if arguments.trim().is_empty() {
+            Ok(Value::Object(Map::new()))
+        } else {
+            serde_json::from_str::<Value>(arguments)
+        };
+        match parsed {
+            Ok(arguments) => self.call(name, &arguments, tool_call_id).await,
+            Err(e) => match self.get(name) {
+                None => self.no_such_tool(name),
+                Some(tool) => ToolOutcome::invalid_arguments(&ArgsError::new(
+                    tool.name(),
+                    format!("the arguments are not valid JSON ({e})"),
+                )),
+            },
+        }
+    }
+
+    /// Calls the tool `name` in a context of the caller's choosing (a
+    /// durable step scope, an explicit key, another ledger).
+    pub async fn call_in(&self, cx: &Context, name: &str, arguments: &Value) -> ToolOutcome {
+        match self.get(name) {
+            Some(tool) => tool.call(cx, &self.state, arguments).await,
+            None => self.no_such_tool(name),
+        }
+    }
+
+    fn no_such_tool(&self, name: &str) -> ToolOutcome {
+        ToolOutcome::no_such_tool(name, self.names())
+    }
+}
+
+impl<S> fmt::Debug for ToolSet<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolSet")
+            .field("tools", &self.names().collect::<Vec<_>>())
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+fn description<S>(tool: &ToolDef<S>) -> Option<&'static str> {
+    Some(tool.spec().description).filter(|d| !d.is_empty())
+}
+
+/// The MCP tool annotations of a side-effect class.
+///
+/// | class | `readOnlyHint` | `destructiveHint` | `idempotentHint` | `openWorldHint` |
+/// |---|---|---|---|---|
+/// | `none` | true | | | true |
+/// | `low` | false | false | true | true |
+/// | `high` | false | false | true | true |
+/// | `irreversible` | false | true | false | true |
+///
+/// - `readOnlyHint` is true exactly for `none`, the class of reads.
+/// - `destructiveHint` ("may perform destructive updates", what hosts ask a
+///   person to confirm) is true for `irreversible`, the class of effects
+///   that cannot be undone (a payment, a deletion). `low` effects are
+///   cheap to undo and `high` ones (a message, an order, a status change)
+///   must happen once but can be corrected: false. (MCP's default, when the
+///   hint is absent, is true.)
+/// - `idempotentHint` ("calling repeatedly with the same arguments has no
+///   additional effect") is true for `low` and `high`: a repeat of the same
+///   call, within its key scope (the same tool-call id; without one, the
+///   same time bucket), is replayed from the ledger or verified first. It
+///   is false for `irreversible` tools so that a host never repeats a
+///   payment by itself: a host that gives each repeat a new tool-call id
+///   makes a new call.
+/// - `openWorldHint` is true: verified tools act on services outside the
+///   agent.
+/// - Read-only tools leave the other hints out: MCP defines them only for
+///   tools that write.
+///
+/// ```
+/// use verified_tools::SideEffect;
+/// use verified_tools::toolset::mcp_annotations;
+///
+/// let hints = mcp_annotations(SideEffect::Irreversible);
+/// assert_eq!(hints["destructiveHint"], true);
+/// assert_eq!(hints["idempotentHint"], false);
+/// ```
+pub fn mcp_annotations(class: SideEffect) -> Value {
+    match class {
+        SideEffect::None => json!({"readOnlyHint": true, "openWorldHint": true}),
+        SideEffect::Low | SideEffect::High => json!({
+            "readOnlyHint": false,
+            "destructiveHint": false,
+            "idempotentHint": true,
+            "openWorldHint": true
+        }),
+        SideEffect::Irreversible => json!({
+            "readOnlyHint": false,
+            "destructiveHint": true,
+            "idempotentHint": false,
+            "openWorldHint": true
+        }),
+    }
+}
