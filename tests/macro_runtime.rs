@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use verified_tools::audit::{CallState, MemoryAudit};
 use verified_tools::{
-    Classify, Context, Deadline, ErrorClass, IdempotencyKey, Mode, Proof, SideEffect, TokioClock,
-    ToolResult, Verdict, verified_tool,
+    Cause, Classify, Context, Deadline, ErrorClass, IdempotencyKey, Mode, Proof, SideEffect,
+    TokioClock, ToolResult, UnknownReason, Verdict, verified_tool,
 };
 
 /// What the fake does on one dispatch.
@@ -514,4 +514,153 @@ async fn each_attempt_receives_its_own_deadline() {
     assert!(matches!(result, ToolResult::Success { value: 4, .. }), "{result:?}");
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen, [Duration::from_millis(1500), Duration::from_millis(1500)]);
+}
+
+/// Stands for another crate's error (`reqwest::Error`, `anyhow::Error`): it
+/// has `Display`, and no `Classify` impl (none could be written for a
+/// foreign type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HttpError {
+    status: u16,
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HTTP {}", self.status)
+    }
+}
+
+/// 503: the gateway refused it, the service never saw it; 5xx after
+/// dispatch: maybe applied; anything else: rejected.
+fn classify_http(error: &HttpError) -> ErrorClass {
+    match error.status {
+        503 => ErrorClass::NotSent,
+        500..=599 => ErrorClass::Ambiguous,
+        _ => ErrorClass::Definitive,
+    }
+}
+
+/// An HTTP API: each dispatch answers the next queued status (then 200),
+/// the verifier answers `verdict`.
+struct Api {
+    statuses: Mutex<VecDeque<u16>>,
+    dispatches: AtomicU32,
+    reads: AtomicU32,
+    verdict: Verdict<u64>,
+}
+
+impl Api {
+    fn new(statuses: &[u16], verdict: Verdict<u64>) -> Self {
+        Self {
+            statuses: Mutex::new(statuses.iter().copied().collect()),
+            dispatches: AtomicU32::new(0),
+            reads: AtomicU32::new(0),
+            verdict,
+        }
+    }
+}
+
+#[verified_tool(
+    side_effect = "high",
+    verify = api_posted,
+    classify = classify_http,
+    skip(api),
+    retries = 2
+)]
+async fn post(api: &Api, id: u64) -> Result<u64, HttpError> {
+    api.dispatches.fetch_add(1, Ordering::SeqCst);
+    match api.statuses.lock().unwrap().pop_front() {
+        Some(status) => Err(HttpError { status }),
+        None => Ok(id),
+    }
+}
+
+async fn api_posted(api: &Api, _id: &u64) -> Verdict<u64> {
+    api.reads.fetch_add(1, Ordering::SeqCst);
+    api.verdict
+}
+
+#[tokio::test(start_paused = true)]
+async fn classify_fn_drives_the_engine_for_an_error_without_classify() {
+    // NotSent: retried at once, never verified.
+    let api = Api::new(&[503, 503], Verdict::Absent);
+    let result = post(&context(), &api, 1).await;
+    assert!(
+        matches!(result, ToolResult::Success { value: 1, proof: Proof::Response, .. }),
+        "{result:?}"
+    );
+    assert_eq!(api.dispatches.load(Ordering::SeqCst), 3);
+    assert_eq!(api.reads.load(Ordering::SeqCst), 0);
+
+    // Ambiguous: the verifier decides, nothing is sent again.
+    let api = Api::new(&[500], Verdict::Holds(2));
+    let result = post(&context(), &api, 2).await;
+    assert!(matches!(result, ToolResult::Success { value: 2, proof: Proof::Verifier, .. }));
+    assert_eq!(api.dispatches.load(Ordering::SeqCst), 1);
+    assert_eq!(api.reads.load(Ordering::SeqCst), 1);
+
+    // Definitive: failed, with the tool's own error type (not `Classified`).
+    let api = Api::new(&[404], Verdict::Absent);
+    let result: ToolResult<u64, HttpError> = post(&context(), &api, 3).await;
+    assert!(matches!(result, ToolResult::Failed { error: HttpError { status: 404 }, .. }));
+    assert_eq!(api.dispatches.load(Ordering::SeqCst), 1);
+    assert_eq!(api.reads.load(Ordering::SeqCst), 0);
+
+    // In doubt: the cause is the tool's error too.
+    let api = Api::new(&[502], Verdict::Unknown);
+    let result = post(&context(), &api, 4).await;
+    assert!(
+        matches!(
+            &result,
+            ToolResult::Unknown {
+                reason: UnknownReason::VerifierInconclusive,
+                cause: Cause::Error(HttpError { status: 502 }),
+                ..
+            }
+        ),
+        "{result:?}"
+    );
+    assert_eq!(api.dispatches.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn json_refusals_are_recorded_in_the_audit() {
+    use serde_json::json;
+    let audit = Arc::new(MemoryAudit::new());
+    let cx = context().with_audit(audit.clone());
+    let svc = Service::with_faults(&[]);
+    let refusals = [
+        json!({"customer": "seven", "token": "x", "label": "y"}),
+        json!({"customer": 7, "token": "x"}),
+        json!({"customer": 7, "token": "x", "label": "y", "extra": 1}),
+        json!([7]),
+        json!({"customer": 7, "token": 918273, "label": "y"}),
+    ];
+    for (i, arguments) in refusals.iter().enumerate() {
+        let error = activate_secret_json(&cx, &svc, arguments).await.expect_err("refused");
+        let events = audit.events();
+        assert_eq!(events.len(), i + 1, "one event per refusal: {events:?}");
+        let event = &events[i];
+        assert_eq!(event.state, CallState::Refused);
+        assert_eq!(event.tool, "activate_with_token");
+        assert_eq!(event.key, None, "refused before a key was derived");
+        assert_eq!(event.attempt, 0);
+        let recorded: serde_json::Value = serde_json::from_str(&event.json).expect("JSON");
+        assert_eq!(recorded["state"], "refused");
+        assert_eq!(recorded["outcome"], "refused");
+        assert_eq!(recorded["error"], error.to_string().as_str());
+        assert!(recorded.get("key").is_none(), "{recorded}");
+        assert!(!event.json.contains("918273"), "a secret's value is never recorded");
+    }
+    assert_eq!(svc.dispatch_keys().len(), 0, "nothing dispatched");
+
+    // A valid call records its own events, not a refusal.
+    let result =
+        activate_secret_json(&cx, &svc, &json!({"customer": 7, "token": "x", "label": "y"}))
+            .await
+            .expect("valid arguments");
+    assert!(result.is_success(), "{result:?}");
+    let states = audit.states();
+    assert_eq!(states.iter().filter(|s| **s == CallState::Refused).count(), refusals.len());
+    assert_eq!(states.last(), Some(&CallState::VerifiedSuccess));
 }

@@ -29,40 +29,39 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
     let spec = spec(tool);
     let spec_fn = descriptor_fn(&tool.func, &spec);
 
-    // The key-relevant parameters (not skipped, not the key), each borrowed
-    // once through the Serialize check spanned on its type.
-    let key_params: Vec<(&Ident, &syn::Type, bool)> = tool
+    // The key-relevant parameters (not skipped, not the key), each checked
+    // for `Serialize` on its type (one error there), then borrowed into the
+    // payload (a stand-in when the check failed, so that the payload and the
+    // audit add no error of their own).
+    let key_params: Vec<(&Ident, &parse::FnParam, bool)> = tool
         .func
         .params
         .iter()
         .enumerate()
         .filter(|(i, p)| p.is_argument() && !tool.skipped[*i])
-        .filter_map(|(i, p)| Some((p.ident.as_ref()?, &p.ty, tool.secret[i])))
+        .filter_map(|(i, p)| Some((p.ident.as_ref()?, p, tool.secret[i])))
         .collect();
     let key_vars: Vec<Ident> = key_params
         .iter()
         .map(|(name, _, _)| Ident::new(&format!("__vt_{}", name.unraw()), Span::mixed_site()))
         .collect();
-    let key_check = if key_params.is_empty() {
-        TokenStream::new()
-    } else {
+    let key_imports = (!key_params.is_empty()).then(|| {
         quote! {
-            trait __VtKeyParameter {
-                fn key_parameter_must_be_serialize_or_skipped(&self) -> &Self {
-                    self
-                }
-            }
-            impl<__VtT: ?::core::marker::Sized + ::verified_tools::__private::Serialize> __VtKeyParameter
-                for __VtT
-            {
-            }
+            #[allow(unused_imports)]
+            use ::verified_tools::__private::{SerializeKeyValue as _, UnserializableKeyValue as _};
         }
-    };
-    let key_borrows = key_params.iter().zip(&key_vars).map(|((name, ty, _), var)| {
-        let span = parse::focus_span(ty);
+    });
+    let key_borrows = key_params.iter().zip(&key_vars).map(|((name, param, _), var)| {
+        let span = parse::focus_span(&param.ty);
         let name = ident_at(name, span);
+        let value = if param.is_shared_ref() {
+            quote_spanned!(span=> #name)
+        } else {
+            quote_spanned!(span=> &#name)
+        };
         quote_spanned! {span=>
-            let #var = #name.key_parameter_must_be_serialize_or_skipped();
+            ::verified_tools::__private::key_parameter(#value);
+            let #var = ::verified_tools::__private::KeyValue(#value).key_value();
         }
     });
     let audit_fields: Vec<&Ident> = key_params.iter().map(|(name, _, _)| *name).collect();
@@ -76,6 +75,8 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
         .map(|((_, _, secret), var)| if *secret { quote!("<redacted>") } else { quote!(#var) });
 
     let dispatch = dispatch(tool);
+    let classify =
+        tool.classify.as_ref().map(|path| classify_fn(path, err, &quote!(__vt_classify)));
     let verify = match &tool.verify {
         Some(path) => verifier(&tool.func, path, ok, tool.verify_key),
         None => quote!(::verified_tools::engine::no_verifier()),
@@ -94,7 +95,14 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             __vt_codec,
         )
     };
-    let await_call = quote_spanned!(err_span=> __vt_call.await);
+    // With `classify = path` the engine saw `Classified<E>`: the caller gets
+    // `E` back.
+    let await_call = match &tool.classify {
+        Some(_) => quote_spanned! {err_span=>
+            ::verified_tools::ToolResult::map_err(__vt_call.await, ::verified_tools::Classified::into_inner)
+        },
+        None => quote_spanned!(err_span=> __vt_call.await),
+    };
     let send_check = if tool.send { send_check(tool) } else { TokenStream::new() };
     let json_entry = if tool.json { json_entry(tool) } else { TokenStream::new() };
     let schema_items = tool.schema.map(|span| schema_items(tool, span)).unwrap_or_default();
@@ -110,7 +118,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
         #where_clause
         {
             const __VT_SPEC: &::verified_tools::ToolSpec = &#spec;
-            #key_check
+            #key_imports
             #(#key_borrows)*
             let __vt_payload = (#(#key_vars,)*);
             #[derive(::verified_tools::__private::Serialize)]
@@ -119,6 +127,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
                 #(#audit_fields: #audit_types,)*
             }
             let __vt_args = __VtArgs { #(#audit_fields: #audit_values,)* };
+            #classify
             let __vt_dispatch = #dispatch;
             let __vt_verify = #verify;
             // Values that serialize are kept in the ledger for replays in
@@ -139,11 +148,13 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
 /// the key-relevant arguments from a JSON object (an LLM's tool call) and
 /// calls the entry point.
 ///
-/// Each field is deserialized on its own, into a local with mixed-site
+/// Each field is deserialized on its own (`__private::json_field`, checked
+/// for `Deserialize` on the parameter's type), into a local with mixed-site
 /// hygiene (so no parameter can shadow the tool's name), with the type as
 /// written: borrowed types (`&str`, `Option<&str>`) borrow from the JSON;
 /// `&[T]` arrives as `Vec<T>` and other `&T` as `T`, lent to the call.
-/// Errors of `secret` fields never quote the value.
+/// Errors of `secret` fields never quote the value. Every refusal is
+/// recorded (audit trail, tracing) before it is returned.
 fn json_entry(tool: &Tool) -> TokenStream {
     let func = &tool.func;
     let vis = &func.item.vis;
@@ -155,6 +166,7 @@ fn json_entry(tool: &Tool) -> TokenStream {
     let receiver = func.receiver.as_ref().map(|r| quote!(#r,));
     let arguments = Ident::new("arguments", Span::mixed_site());
     let object = Ident::new("__vt_object", Span::mixed_site());
+    let spec = Ident::new("__vt_spec", Span::mixed_site());
     let spec_fn = spec_fn_ident(func);
     let spec_path = match func.receiver {
         Some(_) => quote!(Self::#spec_fn()),
@@ -177,21 +189,11 @@ fn json_entry(tool: &Tool) -> TokenStream {
         known.push(field.clone());
         let (read_ty, lent) = read_type(ty);
         let secret = tool.secret[i];
+        // Spanned on the type: a type that does not deserialize is one
+        // error, there.
+        let read = quote_spanned!(parse::focus_span(ty)=> ::verified_tools::__private::json_field::<#read_ty>);
         reads.push(quote! {
-            let #local: #read_ty = match #object.get(#field) {
-                ::core::option::Option::Some(value) => {
-                    ::verified_tools::__private::args::check_depth(#spec_path.name, #field, value)?;
-                    ::verified_tools::__private::Deserialize::deserialize(value).map_err(|e| {
-                        ::verified_tools::__private::args::field_error(#spec_path.name, #field, &e, #secret)
-                    })?
-                }
-                // Absent reads as null: an `Option` is then `None`.
-                ::core::option::Option::None => {
-                    ::verified_tools::__private::Deserialize::deserialize(&__VT_NULL).map_err(|_| {
-                        ::verified_tools::__private::args::missing_field(#spec_path.name, #field)
-                    })?
-                }
-            };
+            let #local: #read_ty = #read(#cx, #spec, #object, #field, #secret)?;
         });
         call_args.push(if lent { quote!(&#local) } else { quote!(#local) });
     }
@@ -203,7 +205,7 @@ fn json_entry(tool: &Tool) -> TokenStream {
         " Calls [`{ident}`] with its key-relevant arguments taken from a JSON object, as an \
          LLM's tool call gives them; the skipped parameters are passed as Rust values. \
          Unknown, missing, ill-typed or too deeply nested fields are an `ArgsError` naming the \
-         field, before anything is dispatched."
+         field, before anything is dispatched (and recorded as a refused call)."
     );
     quote! {
         #(#cfgs)*
@@ -215,21 +217,9 @@ fn json_entry(tool: &Tool) -> TokenStream {
             #(#params,)*
             #arguments: &::verified_tools::__private::serde_json::Value,
         ) -> ::core::result::Result<::verified_tools::ToolResult<#ok, #err>, ::verified_tools::ArgsError> {
-            let ::core::option::Option::Some(#object) = #arguments.as_object() else {
-                return ::core::result::Result::Err(
-                    ::verified_tools::__private::args::not_an_object(#spec_path.name, #arguments),
-                );
-            };
-            const __VT_KNOWN: &[&str] = &[#(#known),*];
-            static __VT_NULL: ::verified_tools::__private::serde_json::Value =
-                ::verified_tools::__private::serde_json::Value::Null;
-            if let ::core::option::Option::Some(unknown) =
-                #object.keys().find(|k| !__VT_KNOWN.contains(&k.as_str()))
-            {
-                return ::core::result::Result::Err(
-                    ::verified_tools::__private::args::unknown_field(#spec_path.name, unknown, __VT_KNOWN),
-                );
-            }
+            let #spec: &'static ::verified_tools::ToolSpec = #spec_path;
+            let #object =
+                ::verified_tools::__private::json_object(#cx, #spec, #arguments, &[#(#known),*])?;
             #(#reads)*
             ::core::result::Result::Ok(#target(#cx, #(#call_args),*).await)
         }
@@ -303,18 +293,21 @@ fn schema_items(tool: &Tool, schema_span: Span) -> TokenStream {
             Some(lit) => quote!(::core::option::Option::Some(#lit)),
             None => quote!(::core::option::Option::None),
         };
-        // Through `PhantomData`, spanned on the type: a type without a
-        // schema is one error, there.
-        let property = quote_spanned! {parse::focus_span(&p.ty)=>
-            ::core::marker::PhantomData::<#read_ty>.argument_type_must_implement_json_schema
+        // Checked on the type: a type without a schema is one error, there
+        // (and its property a stand-in).
+        let check = quote_spanned! {parse::focus_span(&p.ty)=>
+            ::verified_tools::__private::schema_argument::<#read_ty>
         };
         properties.push(quote! {
-            #property(
-                &mut #generator,
-                #field,
-                #doc,
-                !#schema::accepts_null::<#read_ty>(),
-            )
+            {
+                #check();
+                (&::verified_tools::__private::ArgumentProbe::<#read_ty>::new()).property(
+                    &mut #generator,
+                    #field,
+                    #doc,
+                    !(&::verified_tools::__private::NullProbe::<#read_ty>::new()).accepts_null(),
+                )
+            }
         });
     }
     let (spec_path, target) = match func.receiver {
@@ -324,10 +317,15 @@ fn schema_items(tool: &Tool, schema_span: Span) -> TokenStream {
         }
         None => (quote!(#spec_fn()), quote!(#json_fn)),
     };
-    // A value that does not serialize is one error, on its type.
+    // A value that does not serialize is one error, on its type (and its
+    // outcome a stand-in).
     let outcome = Ident::new("__vt_outcome", Span::mixed_site());
-    let to_outcome = quote_spanned! {parse::focus_span(ok)=>
-        let #outcome = ::core::marker::PhantomData::<(#ok, #err)>.value_must_implement_serialize();
+    let check_value = quote_spanned! {parse::focus_span(ok)=>
+        ::verified_tools::__private::schema_value::<#ok>
+    };
+    let to_outcome = quote! {
+        #check_value();
+        let #outcome = (&::verified_tools::__private::OutcomeProbe::<#ok, #err>::new()).outcome();
     };
     let ident_span = ident.span();
     let boxed = quote_spanned! {ident_span=>
@@ -359,9 +357,11 @@ fn schema_items(tool: &Tool, schema_span: Span) -> TokenStream {
                 #(+ #bounds)*
         {
             #[allow(unused_imports)]
-            use #schema::{
-                ArgumentSchema as _, ValueOutcome as _, WithOutputSchema as _,
-                WithoutOutputSchema as _,
+            use #schema::{WithOutputSchema as _, WithoutOutputSchema as _};
+            #[allow(unused_imports)]
+            use ::verified_tools::__private::{
+                ReadsNoNull as _, ReadsNull as _, SerializeOutcome as _, UnserializableOutcome as _,
+                WithArgumentSchema as _, WithoutArgumentSchema as _,
             };
             ::verified_tools::toolset::ToolDef::new(
                 #spec_path,
@@ -465,8 +465,11 @@ fn spec(tool: &Tool) -> TokenStream {
     }
 }
 
-/// The per-attempt closure: clones owned parameters, binds the key, runs the
-/// user's body in an `async move` block typed by the user's return type.
+/// The per-attempt closure: clones owned parameters, binds the key and the
+/// deadline, and runs the user's block as the body of an `async move` block
+/// typed by the user's return type (the block is not wrapped in braces of
+/// ours, which `unused_braces` would flag on a one-line body). With
+/// `classify = path`, the body's errors are classified by `path`.
 fn dispatch(tool: &Tool) -> TokenStream {
     let item = &tool.func.item;
     let block = &item.block;
@@ -476,16 +479,22 @@ fn dispatch(tool: &Tool) -> TokenStream {
     };
     let rebinds = tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
         let name = p.ident.as_ref()?;
-        let mutability = p.is_mut().then(|| quote!(mut));
+        // The user's own `mut`, so that `unused_mut` is theirs.
+        let mutability = p.mutability();
         if p.is_shared_ref() {
             // A shared reference is copied: no allocation.
-            p.is_mut().then(|| quote!(let mut #name = #name;))
+            mutability.map(|m| quote!(let #m #name = #name;))
         } else {
             // Owned parameters are cloned per attempt (a no-op copy for
             // `Copy` types), spanned on the type so a missing `Clone`
-            // lands there.
-            Some(quote_spanned! {parse::focus_span(&p.ty)=>
-                let #mutability #name = ::core::clone::Clone::clone(&#name);
+            // lands there. A parameter only the key or the verifier reads
+            // is not "unused".
+            let clone = quote_spanned! {parse::focus_span(&p.ty)=>
+                ::core::clone::Clone::clone(&#name)
+            };
+            Some(quote! {
+                #[allow(unused_variables)]
+                let #mutability #name = #clone;
             })
         }
     });
@@ -504,31 +513,32 @@ fn dispatch(tool: &Tool) -> TokenStream {
         })
         .collect();
     let attempt_arg = if bindings.is_empty() { quote!(_) } else { quote!(#attempt) };
+    let body = quote!(::verified_tools::__private::body::<#ret, _>(async move #block));
+    let body = match &tool.classify {
+        Some(_) => quote!(::verified_tools::__private::classified(__vt_classify, #body)),
+        None => body,
+    };
     quote! {
         |#attempt_arg: ::verified_tools::engine::Attempt| {
             #(#rebinds)*
-            async move {
-                #(#bindings)*
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::empty_loop,
-                    clippy::let_unit_value,
-                    clippy::needless_return
-                )]
-                if false {
-                    let __vt_type_of_body: #ret = loop {};
-                    return __vt_type_of_body;
-                }
-                #block
-            }
+            #(#bindings)*
+            #body
         }
     }
 }
 
-/// The verifier closure, its call spanned on the user's `verify = path` so a
-/// signature mismatch, or a verdict of the wrong type, is reported there.
+/// The verifier closure, its call spanned on the user's `verify = path` so
+/// that every mistake in the verifier is one error there:
+///
+/// - a verifier of other parameters (another arity, another type): the
+///   trait `__VtVerifier` (one impl per form, with and without the key) is
+///   not implemented for it, and its message writes out the signature to
+///   give it;
+/// - a verifier that takes the key without `verify_key = true` (or the
+///   reverse): `__VtKeyArgument` says to add (or remove) `verify_key`;
+/// - a verifier that is not `async`: `__VtAsync`, then a stand-in future
+///   (`__private::VerifierRead`) so that the `.await` adds no error;
+/// - a verdict of the wrong type: `IntoVerdict`.
 pub(crate) fn verifier(
     func: &ToolFn,
     path: &syn::Path,
@@ -537,37 +547,231 @@ pub(crate) fn verifier(
 ) -> TokenStream {
     let span = path.span();
     let is_method = func.receiver.is_some();
-    let callee = if is_method && path.leading_colon.is_none() && path.segments.len() == 1 {
-        quote_spanned!(span=> Self::#path)
-    } else {
-        quote!(#path)
-    };
+    let bare = path.leading_colon.is_none() && path.segments.len() == 1;
+    let callee = if is_method && bare { quote_spanned!(span=> Self::#path) } else { quote!(#path) };
     let receiver = is_method.then(|| quote_spanned!(span=> self,));
-    let args = func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
-        let name = ident_at(p.ident.as_ref()?, span);
-        Some(if p.is_shared_ref() {
-            quote_spanned!(span=> #name)
-        } else {
-            quote_spanned!(span=> &#name)
+    let args: Vec<TokenStream> = func
+        .params
+        .iter()
+        .filter(|p| p.is_argument())
+        .filter_map(|p| {
+            let name = ident_at(p.ident.as_ref()?, span);
+            Some(if p.is_shared_ref() {
+                quote_spanned!(span=> #name)
+            } else {
+                quote_spanned!(span=> &#name)
+            })
         })
-    });
-    // Mixed-site hygiene, located at the path: errors on `__vt_read.await`
-    // point at the user's path.
-    let read = Ident::new("__vt_read", Span::mixed_site().located_at(span));
+        .collect();
+    // The arguments' types, written out: a verifier of another signature
+    // is then one error (`__VtVerifier`, whose message writes the signature
+    // to give it), not a mismatch of one argument. `impl Trait` parameters
+    // cannot be named: inferred.
+    let arg_types: Vec<TokenStream> = is_method
+        .then(|| quote!(&Self))
+        .into_iter()
+        .chain(func.params.iter().filter(|p| p.is_argument() && p.ident.is_some()).map(|p| {
+            let ty = &p.ty;
+            if mentions_impl(quote!(#ty)) {
+                quote!(_)
+            } else if p.is_shared_ref() {
+                quote!(#ty)
+            } else {
+                quote!(&#ty)
+            }
+        }))
+        .collect();
+    let arity = arg_types.len();
+    let messages = VerifierMessages::new(func, path, ok, with_key);
+    let (sig_message, sig_label, sig_note) =
+        (&messages.signature, &messages.signature_label, &messages.signature_note);
+    let (key_message, key_label) = (&messages.key, &messages.key_label);
+    let (async_message, async_label, async_note) =
+        (&messages.not_async, &messages.not_async_label, &messages.not_async_note);
+    let expected_key = if with_key { quote!(TakesKey) } else { quote!(TakesNoKey) };
+
+    let types: Vec<Ident> = (0..arity).map(|i| format_ident!("__VtA{}", i)).collect();
+    let values: Vec<Ident> = (0..arity).map(|i| format_ident!("__vt_a{}", i)).collect();
     let key = Ident::new("__vt_key", Span::mixed_site());
-    let key_arg = with_key.then(|| quote_spanned!(span=> , #key));
-    let call = quote_spanned!(span=> #callee(#receiver #(#args),* #key_arg));
+    // At the path, so that the errors on the read point there.
+    let read = Ident::new("__vt_read", span);
+    let call = quote_spanned! {span=>
+        __vt_verifier::<(#(#arg_types,)*), _, _>(&#callee, (#receiver #(#args,)*), #key)
+    };
+    let check_async = quote_spanned!(span=> __vt_async(&#read););
+    let verifier_read = quote_spanned! {span=>
+        ::verified_tools::__private::VerifierRead(#read).verifier_read()
+    };
     let ok = respan(quote!(#ok), span);
     let seen = Ident::new("__vt_seen", span);
     let verdict = quote_spanned!(span=> ::verified_tools::IntoVerdict::<#ok>::into_verdict(#seen));
+    // The checks' items, located at the path too (so that rustc's notes on
+    // them point there, not at the whole attribute), with the hygiene of
+    // the macro (so that no lint of the user's crate applies to them).
+    let items = quote! {
+        #[diagnostic::on_unimplemented(message = #sig_message, label = #sig_label, note = #sig_note)]
+        trait __VtVerifier<__VtArgs, __VtKey> {
+            type Read;
+            fn __vt_read(&self, args: __VtArgs, key: ::verified_tools::IdempotencyKey) -> Self::Read;
+        }
+        impl<__VtF, __VtR, #(#types),*> __VtVerifier<(#(#types,)*), ::verified_tools::__private::TakesNoKey>
+            for __VtF
+        where
+            __VtF: ::core::ops::Fn(#(#types),*) -> __VtR,
+        {
+            type Read = __VtR;
+            fn __vt_read(&self, (#(#values,)*): (#(#types,)*), _: ::verified_tools::IdempotencyKey) -> __VtR {
+                self(#(#values),*)
+            }
+        }
+        impl<__VtF, __VtR, #(#types),*> __VtVerifier<(#(#types,)*), ::verified_tools::__private::TakesKey>
+            for __VtF
+        where
+            __VtF: ::core::ops::Fn(#(#types,)* ::verified_tools::IdempotencyKey) -> __VtR,
+        {
+            type Read = __VtR;
+            fn __vt_read(&self, (#(#values,)*): (#(#types,)*), key: ::verified_tools::IdempotencyKey) -> __VtR {
+                self(#(#values,)* key)
+            }
+        }
+        #[diagnostic::on_unimplemented(message = #key_message, label = #key_label)]
+        trait __VtKeyArgument {}
+        impl __VtKeyArgument for ::verified_tools::__private::#expected_key {}
+        #[diagnostic::on_unimplemented(message = #async_message, label = #async_label, note = #async_note)]
+        trait __VtAsync {}
+        impl<__VtF: ?::core::marker::Sized + ::core::future::Future> __VtAsync for __VtF {}
+        fn __vt_verifier<__VtArgs, __VtKey: __VtKeyArgument, __VtF: __VtVerifier<__VtArgs, __VtKey>>(
+            verifier: &__VtF,
+            args: __VtArgs,
+            key: ::verified_tools::IdempotencyKey,
+        ) -> __VtF::Read {
+            verifier.__vt_read(args, key)
+        }
+        fn __vt_async<__VtF: __VtAsync>(_: &__VtF) {}
+        #[allow(unused_imports)]
+        use ::verified_tools::__private::{AsyncVerifierRead as _, SyncVerifierRead as _};
+    };
+    let items = respan(items, Span::mixed_site().located_at(span));
     quote! {
-        ::core::option::Option::Some(|#key: ::verified_tools::IdempotencyKey| {
-            let #read = #call;
-            async move {
-                let #seen = #read.await;
-                #verdict
+        ::core::option::Option::Some({
+            #items
+            |#key: ::verified_tools::IdempotencyKey| {
+                let #read = #call;
+                #check_async
+                let #read = #verifier_read;
+                async move {
+                    let #seen = #read.await;
+                    #verdict
+                }
             }
         })
+    }
+}
+
+/// Whether the tokens contain `impl` (an `impl Trait` type).
+fn mentions_impl(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        proc_macro2::TokenTree::Ident(i) => i == "impl",
+        proc_macro2::TokenTree::Group(g) => mentions_impl(g.stream()),
+        _ => false,
+    })
+}
+
+/// What the verifier's compile errors say: the signature to write, named
+/// after the user's verifier and tool.
+struct VerifierMessages {
+    signature: String,
+    signature_label: String,
+    signature_note: String,
+    key: String,
+    key_label: String,
+    not_async: String,
+    not_async_label: String,
+    not_async_note: String,
+}
+
+impl VerifierMessages {
+    fn new(func: &ToolFn, path: &syn::Path, ok: &syn::Type, with_key: bool) -> Self {
+        let tool = func.item.sig.ident.to_string();
+        let written =
+            path.segments.iter().map(|s| s.ident.to_string()).collect::<Vec<_>>().join("::");
+        let name = path.segments.last().map_or_else(String::new, |s| s.ident.to_string());
+        let bare = path.leading_colon.is_none() && path.segments.len() == 1;
+        let mut params = Vec::new();
+        if func.receiver.is_some() {
+            params.push(if bare { "&self".to_owned() } else { "this: &Self".to_owned() });
+        }
+        for p in func.params.iter().filter(|p| p.is_argument()) {
+            let ty = parse::type_string(&p.ty);
+            let ty = if p.is_shared_ref() { ty } else { format!("&{ty}") };
+            let param = p.ident.as_ref().map_or_else(|| "_".to_owned(), ToString::to_string);
+            params.push(format!("{param}: {ty}"));
+        }
+        let key_name = func
+            .params
+            .iter()
+            .find(|p| p.injected == Some(Injected::Key))
+            .and_then(|p| p.ident.as_ref())
+            .map_or_else(|| "key".to_owned(), ToString::to_string);
+        if with_key {
+            params.push(format!("{key_name}: IdempotencyKey"));
+        }
+        let signature = format!(
+            "async fn {name}({}) -> Verdict<{}>",
+            params.join(", "),
+            parse::type_string(ok)
+        );
+        // `{` and `}` are format syntax in `on_unimplemented`.
+        let escape = |text: String| text.replace('{', "{{").replace('}', "}}");
+        let (key, key_label) = if with_key {
+            (
+                format!(
+                    "`verify_key = true` passes the call's `IdempotencyKey` to the verifier as its \
+                     last argument, but `{written}` does not take it: write `{signature}`, or \
+                     remove `verify_key`"
+                ),
+                "takes no `IdempotencyKey` last".to_owned(),
+            )
+        } else {
+            (
+                format!(
+                    "the verifier `{written}` takes the call's `IdempotencyKey`: add \
+                     `verify_key = true` to `#[verified_tool(..)]`"
+                ),
+                "takes the key as its last parameter".to_owned(),
+            )
+        };
+        Self {
+            signature: escape(format!(
+                "the verifier `{written}` does not take the parameters of `{tool}`: write `{signature}`"
+            )),
+            signature_label: escape(format!("not a verifier of `{tool}`")),
+            signature_note: "a verifier takes the tool's parameters but the `IdempotencyKey` and \
+                `Deadline` ones, in order, each by shared reference (`&T` for an owned `T`), then \
+                the key if `verify_key = true`; it returns `Verdict<T>` or `Result<Verdict<T>, E>`"
+                .to_owned(),
+            key: escape(key),
+            key_label,
+            not_async: escape(format!(
+                "the verifier `{written}` must be an `async fn` (or return a future), not return "
+            )) + "`{Self}`",
+            not_async_label: "not an `async fn`".to_owned(),
+            not_async_note: escape(format!(
+                "write `{signature}`: the wrapper awaits the verifier's read, with the attempt's timeout"
+            )),
+        }
+    }
+}
+
+/// `let <binding>`: `classify = path` as a `fn(&E) -> ErrorClass` pointer, all spanned on the
+/// path: a function of another signature is one error there ("expected fn
+/// pointer `for<'a> fn(&'a E) -> ErrorClass`, found fn item ..."), and a
+/// generic one is instantiated for `E`.
+pub(crate) fn classify_fn(path: &syn::Path, err: &syn::Type, binding: &TokenStream) -> TokenStream {
+    let span = path.span();
+    let err = respan(quote!(#err), span);
+    quote_spanned! {span=>
+        let #binding: fn(&#err) -> ::verified_tools::ErrorClass = #path;
     }
 }
 

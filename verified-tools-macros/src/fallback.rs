@@ -11,7 +11,12 @@ use crate::validate;
 
 /// A stub of the entry point when the signature allows one, else the
 /// function as written; and a placeholder descriptor in both cases.
-pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool) -> TokenStream {
+pub(crate) fn expand(
+    func: &ToolFn,
+    verify: Option<&syn::Path>,
+    verify_key: bool,
+    classify: Option<&syn::Path>,
+) -> TokenStream {
     let item = &func.item;
     let name = item.sig.ident.to_string();
     let spec = quote!(::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::High));
@@ -27,12 +32,13 @@ pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool
     let cx = expand::context_ident();
     let receiver = func.receiver.as_ref().map(|r| quote!(#r,));
     let params = expand::entry_params(func);
-    // Keep the verifier and the key type used, so that they add no
-    // "never used" warnings to the error.
+    // Keep the verifier, the classifier and the key type used (and checked),
+    // so that they add no "never used" warnings to the error.
     let verifier = verify.map(|path| {
         let closure = expand::verifier(func, path, ok, verify_key);
         quote!(let _ = #closure;)
     });
+    let classifier = classify.map(|path| expand::classify_fn(path, err, &quote!(_)));
     let key_ty = func.params.iter().filter(|p| !p.is_argument()).map(|p| {
         let ty = &p.ty;
         quote!(let _: ::core::option::Option<#ty> = ::core::option::Option::None;)
@@ -47,6 +53,7 @@ pub(crate) fn expand(func: &ToolFn, verify: Option<&syn::Path>, verify_key: bool
         #where_clause
         {
             #verifier
+            #classifier
             #(#key_ty)*
             ::core::unimplemented!("#[verified_tool] could not expand: see the error above")
         }

@@ -41,12 +41,13 @@ fn run(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_m
     let args = parse::args(args, &cx);
     let func = parse::tool_fn(item_fn);
     let verify = args.verify.clone();
+    let classify = args.classify.clone();
     let verify_key = args.verify_key.as_ref().is_some_and(|l| l.value);
     match validate::tool(args, func, &cx) {
         Ok(tool) => expand::tool(&tool),
         Err(func) => {
             let mut out = cx.finish().err().map(syn::Error::into_compile_error).unwrap_or_default();
-            out.extend(fallback::expand(&func, verify.as_ref(), verify_key));
+            out.extend(fallback::expand(&func, verify.as_ref(), verify_key, classify.as_ref()));
             out
         }
     }

@@ -23,6 +23,7 @@ use crate::ctxt::Ctxt;
 pub(crate) const ARGUMENTS: &[&str] = &[
     "side_effect",
     "verify",
+    "classify",
     "retries",
     "timeout",
     "call_timeout",
@@ -107,6 +108,7 @@ pub(crate) struct Args {
     pub side_effect_given: bool,
     pub side_effect: Option<SideEffectArg>,
     pub verify: Option<syn::Path>,
+    pub classify: Option<syn::Path>,
     pub retries: Option<u32>,
     pub timeout: Option<DurationArg>,
     pub call_timeout: Option<DurationArg>,
@@ -248,6 +250,18 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                         Err(_) => cx.error_spanned(
                             tokens,
                             "expected the path of the verifier function, e.g. `verify = check_activated`",
+                        ),
+                    }
+                }
+            }
+            "classify" => {
+                if let Some(tokens) = eq_value(&key, value, "classify = classify_fn", cx) {
+                    match syn::parse2::<syn::Path>(tokens.clone()) {
+                        Ok(path) => args.classify = Some(path),
+                        Err(_) => cx.error_spanned(
+                            tokens,
+                            "expected the path of a function `fn(&E) -> ErrorClass`, e.g. \
+                             `classify = classify_http`",
                         ),
                     }
                 }
@@ -519,9 +533,12 @@ impl FnParam {
         }
     }
 
-    /// Whether the pattern is `mut name`.
-    pub(crate) fn is_mut(&self) -> bool {
-        matches!(&self.pat, Pat::Ident(p) if p.mutability.is_some())
+    /// The `mut` of a `mut name` pattern.
+    pub(crate) fn mutability(&self) -> Option<Token![mut]> {
+        match &self.pat {
+            Pat::Ident(p) => p.mutability,
+            _ => None,
+        }
     }
 }
 

@@ -121,6 +121,41 @@ fn schema_on_a_method() {
 }
 
 #[test]
+fn classify_fn_on_a_method_with_json_and_verify_key() {
+    insta::assert_snapshot!(expand(
+        quote!(
+            side_effect = "high",
+            verify = delivered,
+            verify_key = true,
+            classify = http::classify,
+            json = true
+        ),
+        quote! {
+            pub async fn deliver(&self, to: &str, key: IdempotencyKey) -> Result<u64, reqwest::Error> { Ok(self.post(to, key).await?) }
+        },
+        true,
+    ));
+}
+
+#[test]
+fn a_classify_fn_is_kept_in_the_stub() {
+    let out = crate::run(
+        quote!(side_effect = "hihg", classify = classify_http),
+        quote! {
+            async fn fetch(id: u64) -> Result<u64, HttpError> { Ok(id) }
+        },
+    )
+    .to_string();
+    assert!(out.contains("compile_error"), "{out}");
+    assert!(
+        out.contains(
+            "let _ : fn (& HttpError) -> :: verified_tools :: ErrorClass = classify_http ;"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn errors_come_with_a_stub_of_the_entry_point() {
     insta::assert_snapshot!(expand(
         quote!(side_effect = "hihg", skip(nope)),

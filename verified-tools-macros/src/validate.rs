@@ -15,6 +15,9 @@ pub(crate) struct Tool {
     /// Action name in keys, audit and the descriptor.
     pub name: String,
     pub verify: Option<syn::Path>,
+    /// `classify = path`: the tool's errors are classified by `path(&e)`
+    /// instead of `E: Classify`.
+    pub classify: Option<syn::Path>,
     pub retries: Option<u32>,
     pub timeout_ms: Option<u64>,
     pub call_timeout_ms: Option<u64>,
@@ -146,6 +149,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             func,
             class,
             verify: args.verify,
+            classify: args.classify,
             retries: args.retries,
             timeout_ms: args.timeout.map(|d| d.millis),
             call_timeout_ms: args.call_timeout.map(|d| d.millis),

@@ -34,39 +34,81 @@ use crate::ledger::Settle;
 /// assert_eq!(deadline.remaining(), Duration::ZERO);
 /// # }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Deadline(Instant);
+#[derive(Clone, Copy)]
+pub struct Deadline {
+    /// A start and an offset from it: the engine hands a deadline to every
+    /// attempt without doing `Instant` arithmetic until someone asks.
+    base: Instant,
+    offset: Duration,
+}
 
 impl Deadline {
     /// The deadline at `instant` (tokio time).
     pub const fn at(instant: Instant) -> Self {
-        Self(instant)
+        Self { base: instant, offset: Duration::ZERO }
     }
 
     /// The deadline `timeout` from now (saturating far in the future).
     pub fn after(timeout: Duration) -> Self {
-        Self(later(Instant::now(), timeout))
+        Self { base: Instant::now(), offset: timeout }
+    }
+
+    /// The deadline `offset` after `base`.
+    pub(crate) const fn from(base: Instant, offset: Duration) -> Self {
+        Self { base, offset }
     }
 
     /// The instant.
-    pub const fn instant(self) -> Instant {
-        self.0
+    pub fn instant(self) -> Instant {
+        later(self.base, self.offset)
     }
 
     /// Time left, zero once passed.
     pub fn remaining(self) -> Duration {
-        self.0.saturating_duration_since(Instant::now())
+        self.offset.saturating_sub(Instant::now().saturating_duration_since(self.base))
     }
 
     /// Whether it has passed.
     pub fn has_passed(self) -> bool {
-        Instant::now() >= self.0
+        self.remaining().is_zero()
     }
 
     /// The time left in the format of gRPC's `grpc-timeout` header
     /// (milliseconds, `"1500m"`; at least 1 ms).
     pub fn grpc_timeout(self) -> GrpcTimeout {
         GrpcTimeout(self.remaining().as_millis().clamp(1, 99_999_999) as u64)
+    }
+}
+
+impl PartialEq for Deadline {
+    fn eq(&self, other: &Self) -> bool {
+        self.instant() == other.instant()
+    }
+}
+
+impl Eq for Deadline {}
+
+impl PartialOrd for Deadline {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Deadline {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.instant().cmp(&other.instant())
+    }
+}
+
+impl std::hash::Hash for Deadline {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.instant().hash(state);
+    }
+}
+
+impl fmt::Debug for Deadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Deadline").field(&self.instant()).finish()
     }
 }
 
@@ -113,6 +155,11 @@ impl Timeline {
     /// The instant `offset` after the call's start.
     pub(crate) fn instant(&self, offset: Duration) -> Instant {
         later(self.start, offset)
+    }
+
+    /// The deadline `offset` after the call's start, for an attempt.
+    pub(crate) fn deadline(&self, offset: Duration) -> Deadline {
+        Deadline::from(self.start, offset)
     }
 
     /// The call's deadline.

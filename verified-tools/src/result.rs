@@ -1,5 +1,6 @@
 //! The typed outcome of one logical call.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::{IdempotencyKey, Verdict};
@@ -206,6 +207,63 @@ impl<T, E> ToolResult<T, E> {
             ToolResult::Escalated { .. } => "escalated",
             ToolResult::Refused(_) => "refused",
         }
+    }
+}
+
+/// A call that did not prove its effect, as an error: so that
+/// `result.into_result()?` works in a function returning
+/// `Result<_, Box<dyn Error>>` or `anyhow::Result<_>` (the `?` operator
+/// cannot be applied to a `ToolResult` itself: `Try` is unstable).
+///
+/// ```
+/// use verified_tools::{IdempotencyKey, ToolResult, UnknownReason, Cause};
+///
+/// fn charge() -> Result<u32, Box<dyn std::error::Error>> {
+///     let key = IdempotencyKey::from_u128(7);
+///     let result: ToolResult<u32, std::io::Error> =
+///         ToolResult::Unknown { reason: UnknownReason::Unsettled, cause: Cause::Interrupted, key };
+///     Ok(result.into_result()?)
+/// }
+/// let error = charge().unwrap_err().to_string();
+/// assert!(error.starts_with("the call is in doubt (unsettled)"), "{error}");
+/// assert!(error.contains("00000000000000000000000000000007"), "{error}");
+/// ```
+impl<T, E: fmt::Display> fmt::Display for ToolResult<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToolResult::Success { proof, key, .. } => {
+                write!(f, "the call succeeded (proven by {proof:?}), key {key}")
+            }
+            ToolResult::Failed { error, key } => write!(f, "the call failed: {error} (key {key})"),
+            ToolResult::NotApplied { key, .. } => {
+                write!(f, "the call's effect is known not to have happened (key {key})")
+            }
+            ToolResult::Unknown { reason, key, .. } => write!(
+                f,
+                "the call is in doubt ({}): do not repeat it as a new call; check with key {key}",
+                reason_name(*reason)
+            ),
+            ToolResult::Escalated { reason, key, .. } => write!(
+                f,
+                "the call is in doubt ({}) and was handed to a person; key {key}",
+                reason_name(*reason)
+            ),
+            ToolResult::Refused(error) => write!(f, "the call was refused: {error}"),
+        }
+    }
+}
+
+impl<T: fmt::Debug, E: fmt::Display + fmt::Debug> std::error::Error for ToolResult<T, E> {}
+
+fn reason_name(reason: UnknownReason) -> &'static str {
+    match reason {
+        UnknownReason::RetriesExhausted => "retries exhausted",
+        UnknownReason::Superseded => "superseded",
+        UnknownReason::VerifierInconclusive => "verifier inconclusive",
+        UnknownReason::Unsettled => "unsettled",
+        UnknownReason::DeadlineExceeded => "deadline exceeded",
+        UnknownReason::LedgerUnavailable => "ledger unavailable",
+        UnknownReason::ValueNotRecorded => "value not recorded",
     }
 }
 

@@ -31,6 +31,10 @@ mod spans {
     pub(crate) type Span = tracing::Span;
 
     pub(crate) fn call(cx: &Context, spec: &ToolSpec) -> Span {
+        // No subscriber was ever set: skip the callsite's interest lookup.
+        if !tracing::dispatcher::has_been_set() {
+            return Span::none();
+        }
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = %format_args!("execute_tool {}", spec.name),

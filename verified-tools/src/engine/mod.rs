@@ -170,6 +170,42 @@ where
     .await
 }
 
+/// Records a call refused before it had a key, for its JSON arguments did not
+/// fit the tool (what `<tool>_json` calls before it returns the error): the
+/// audit trail and the call's span show it like any other refusal.
+pub fn record_refusal(cx: &Context, spec: &'static ToolSpec, error: &crate::ArgsError) {
+    let span = telemetry::call(cx, spec);
+    if cx.audit.is_none() && !telemetry::listening(&span) {
+        return;
+    }
+    let text = error.to_string();
+    let mut bucket = KeyScope::DEFAULT;
+    let scope = cx.scope_for(spec, &mut bucket);
+    let event = AuditEvent {
+        at_unix_ms: cx.clock().unix_ms(),
+        agent: cx.agent(),
+        tool: spec.name,
+        key: None,
+        call: CallIdentity::of(scope),
+        state: CallState::Refused,
+        attempt: 0,
+        elapsed_ms: 0,
+        deadline_ms: None,
+        verdict: None,
+        settled: None,
+        error_class: None,
+        error: Some(&text),
+        outcome: Some("refused"),
+        proof: None,
+        reason: None,
+        args: None,
+    };
+    if let Some(sink) = &cx.audit {
+        sink.record(&event);
+    }
+    telemetry::transition(&span, &event);
+}
+
 /// The policy of one call: the class default by reference (it is large, and
 /// the call's future carries it), with the tool's overrides resolved (one
 /// rule: [`Context::policy_for`]).
@@ -292,12 +328,12 @@ where
     /// Runs the call within its deadline. A call that never waits (the tool
     /// answers on its first poll) never arms the timer.
     async fn bounded<P: Serialize + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
-        let deadline = self.timeline.call_deadline();
+        let timeline = self.timeline;
         let outcome = {
             let mut run = std::pin::pin!(self.run(payload));
             match std::future::poll_fn(|task| Poll::Ready(run.as_mut().poll(task))).await {
                 Poll::Ready(result) => Some(result),
-                Poll::Pending => timeout_at(deadline, run).await.ok(),
+                Poll::Pending => timeout_at(timeline.call_deadline(), run).await.ok(),
             }
         };
         match outcome {
@@ -491,9 +527,8 @@ where
         let limit = deadline.saturating_sub(now);
         self.note(CallState::Dispatched, Detail::Dispatched(limit));
         self.stage = Stage::Attempting;
-        let deadline = self.timeline.instant(deadline);
-        let attempt =
-            Attempt { key, deadline: Deadline::at(deadline), number: self.facts.attempts };
+        let deadline = self.timeline.deadline(deadline);
+        let attempt = Attempt { key, deadline, number: self.facts.attempts };
         let answer = self.send(attempt, deadline).await;
         self.stage = Stage::Running;
         match answer {
@@ -526,7 +561,7 @@ where
     async fn send(
         &mut self,
         attempt: Attempt,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Option<Result<T, E>>, Box<dyn Any + Send>> {
         let future = std::panic::catch_unwind(AssertUnwindSafe(|| (self.dispatch)(attempt)))?;
         let mut future = std::pin::pin!(catch_unwind(future));
@@ -535,7 +570,7 @@ where
         let first = std::future::poll_fn(|task| Poll::Ready(future.as_mut().poll(task))).await;
         match first {
             Poll::Ready(answer) => answer.map(Some),
-            Poll::Pending => match timeout_at(deadline, future).await {
+            Poll::Pending => match timeout_at(deadline.instant(), future).await {
                 Ok(answer) => answer.map(Some),
                 Err(_) => Ok(None),
             },

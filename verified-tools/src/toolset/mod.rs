@@ -6,10 +6,10 @@
 //!   error) serialized for the model: `status`, `value`, `proof`, `key`,
 //!   `reason`, `error`, and for everything but a success an `instruction`
 //!   in plain words. Always available.
-//! - [`ToolSet`] (feature `schema`): built from the `<name>_tool()`
+//! - `ToolSet` (feature `schema`): built from the `<name>_tool()`
 //!   descriptors of `#[verified_tool(schema = true)]` tools and their
 //!   shared state; lists them as OpenAI, Anthropic or MCP tools
-//!   ([`mcp_annotations`] from the side-effect class); dispatches a call
+//!   (`mcp_annotations` from the side-effect class); dispatches a call
 //!   by name, with the provider's tool-call id as the identity of the
 //!   logical call.
 //! - `verified_tools::mcp` (feature `mcp`) serves a tool set over MCP.

@@ -14,7 +14,6 @@ use std::marker::PhantomData;
 
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema};
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::outcome::Status;
@@ -60,8 +59,10 @@ pub fn property<T: JsonSchema + ?Sized>(
 }
 
 /// Whether `T` reads `null` (the value of an absent field in `<tool>_json`)
-/// as a value: then the field is not required.
-pub fn accepts_null<T: Deserialize<'static>>() -> bool {
+/// as a value: then the field is not required. (The generated code asks
+/// `__private::NullProbe`; this is its twin for the tests below.)
+#[cfg(test)]
+fn accepts_null<T: serde::Deserialize<'static>>() -> bool {
     static NULL: Value = Value::Null;
     T::deserialize(&NULL).is_ok()
 }
@@ -231,49 +232,6 @@ pub trait WithoutOutputSchema {
 impl<T: ?Sized> WithoutOutputSchema for &OutputProbe<T> {
     fn output_schema(&self) -> Option<fn() -> JsonObject> {
         None
-    }
-}
-
-/// The property of a parameter whose type is `T`, reached through
-/// `PhantomData::<T>` so that a type without a schema is one error, on the
-/// parameter's type: "the method `argument_type_must_implement_json_schema`
-/// exists for struct `PhantomData<Filter>`, but its trait bounds were not
-/// satisfied … `Filter: JsonSchema`".
-pub trait ArgumentSchema {
-    /// The property `name`: see [`property`].
-    fn argument_type_must_implement_json_schema(
-        &self,
-        generator: &mut SchemaGenerator,
-        name: &'static str,
-        description: Option<&'static str>,
-        required: bool,
-    ) -> Property;
-}
-
-impl<T: JsonSchema + ?Sized> ArgumentSchema for PhantomData<T> {
-    fn argument_type_must_implement_json_schema(
-        &self,
-        generator: &mut SchemaGenerator,
-        name: &'static str,
-        description: Option<&'static str>,
-        required: bool,
-    ) -> Property {
-        property::<T>(generator, name, description, required)
-    }
-}
-
-/// Turns a listed tool's result into its outcome, reached through
-/// `PhantomData::<(T, E)>` so that a value that does not serialize (or an
-/// error without a message) is one error, on the value's type.
-pub trait ValueOutcome<T, E> {
-    /// [`ToolOutcome::from_result`](super::ToolOutcome::from_result) for
-    /// `ToolResult<T, E>`.
-    fn value_must_implement_serialize(&self) -> fn(crate::ToolResult<T, E>) -> super::ToolOutcome;
-}
-
-impl<T: serde::Serialize, E: std::fmt::Display> ValueOutcome<T, E> for PhantomData<(T, E)> {
-    fn value_must_implement_serialize(&self) -> fn(crate::ToolResult<T, E>) -> super::ToolOutcome {
-        super::ToolOutcome::from_result
     }
 }
 

@@ -2,7 +2,9 @@
 //! is not an argument of the entry point); `settle` and `call_timeout` set
 //! the settle margin and the call's deadline.
 use std::time::Duration;
-use verified_tools::{Context, Deadline, ErrorClass, IdempotencyKey, ToolResult, Verdict, verified_tool};
+use verified_tools::{
+    Context, Deadline, ErrorClass, IdempotencyKey, ToolResult, Verdict, verified_tool,
+};
 
 #[verified_tool(
     side_effect = "irreversible",
@@ -11,7 +13,11 @@ use verified_tools::{Context, Deadline, ErrorClass, IdempotencyKey, ToolResult, 
     settle = "2s",
     call_timeout = "1m"
 )]
-pub async fn charge(order: u64, deadline: Deadline, key: IdempotencyKey) -> Result<u64, ErrorClass> {
+pub async fn charge(
+    order: u64,
+    deadline: Deadline,
+    key: IdempotencyKey,
+) -> Result<u64, ErrorClass> {
     // Forward both: `grpc-timeout: 1500m`, `Idempotency-Key: ...`.
     let _ = (deadline.grpc_timeout().to_string(), key.to_string());
     Ok(order)

@@ -1,0 +1,99 @@
+//! A driver for instruction counts under callgrind: runs one operation of
+//! the success path N times (after an optional prefill of the ledger), so
+//! that Ir per call is `(Ir(N = 11 000) − Ir(N = 1 000)) / 10 000`, start-up
+//! cancelled out. Instruction counts repeat exactly whatever the machine's
+//! load, unlike times.
+//!
+//! ```text
+//! cargo bench -p verified-tools-benches --bench ir_driver --no-run
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/ir_driver-* <op> <N> [prefill]
+//! ```
+//!
+//! Operations: `raw` (the tool alone), `rawkey_step`, `rawkey_bucket` (the
+//! tool and one key derivation, durable or time-bucket scope: the floors),
+//! `off` (engine, no ledger, durable scope), `step` (engine and the memory
+//! ledger, durable scope), `default` (`Context::new`: the memory ledger and
+//! the 5-minute bucket scope).
+
+use std::hint::black_box;
+use std::io;
+use std::sync::Arc;
+
+use serde::Serialize;
+use verified_tools::ledger::{Codec, MemoryLedger};
+use verified_tools::{
+    Clock, Context, IdempotencyKey, KeyScope, SideEffect, SystemClock, ToolResult, ToolSpec, engine,
+};
+
+static SAVE_DRAFT: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
+
+#[derive(Serialize)]
+struct Draft<'a> {
+    user: u64,
+    seq: u64,
+    title: &'a str,
+    amount: u32,
+    urgent: bool,
+}
+
+fn draft(seq: u64) -> Draft<'static> {
+    Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false }
+}
+
+async fn save_draft(args: &Draft<'_>) -> Result<u64, io::Error> {
+    Ok(black_box(args.user) ^ args.seq)
+}
+
+async fn call(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
+    let args = draft(seq);
+    let dispatch = |_attempt| save_draft(&args);
+    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
+        .await
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
+    let (Some(op), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok())) else {
+        eprintln!(
+            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default> <N> [prefill]"
+        );
+        return;
+    };
+    let prefill: u64 = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let ledger = Arc::new(MemoryLedger::new());
+    let cx = match op.as_str() {
+        "default" => Context::new("bench-agent").with_ledger(ledger.clone()),
+        "step" => Context::new("bench-agent").with_ledger(ledger.clone()).for_step("run-1", 1),
+        _ => Context::new("bench-agent").without_ledger().for_step("run-1", 1),
+    };
+    let (step, bucket) = (KeyScope::durable("run-1", 1), KeyScope::DEFAULT);
+    rt.block_on(async {
+        for i in 0..prefill {
+            assert!(call(&cx, u64::MAX - i).await.is_success());
+        }
+        for i in 0..n {
+            let args = draft(i);
+            match op.as_str() {
+                "raw" => {
+                    black_box(save_draft(&args).await.ok());
+                }
+                "rawkey_step" => {
+                    black_box(
+                        IdempotencyKey::derive("bench-agent", "save_draft", &args, &step, 0).ok(),
+                    );
+                    black_box(save_draft(&args).await.ok());
+                }
+                "rawkey_bucket" => {
+                    let now = SystemClock.unix_ms();
+                    black_box(
+                        IdempotencyKey::derive("bench-agent", "save_draft", &args, &bucket, now)
+                            .ok(),
+                    );
+                    black_box(save_draft(&args).await.ok());
+                }
+                _ => assert!(call(&cx, i).await.is_success()),
+            }
+        }
+    });
+}
