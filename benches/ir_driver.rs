@@ -16,40 +16,11 @@
 //! the 5-minute bucket scope).
 
 use std::hint::black_box;
-use std::io;
 use std::sync::Arc;
 
-use serde::Serialize;
-use verified_tools::ledger::{Codec, MemoryLedger};
-use verified_tools::{
-    Clock, Context, IdempotencyKey, KeyScope, SideEffect, SystemClock, ToolResult, ToolSpec, engine,
-};
-
-static SAVE_DRAFT: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
-
-#[derive(Serialize)]
-struct Draft<'a> {
-    user: u64,
-    seq: u64,
-    title: &'a str,
-    amount: u32,
-    urgent: bool,
-}
-
-fn draft(seq: u64) -> Draft<'static> {
-    Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false }
-}
-
-async fn save_draft(args: &Draft<'_>) -> Result<u64, io::Error> {
-    Ok(black_box(args.user) ^ args.seq)
-}
-
-async fn call(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
-    let args = draft(seq);
-    let dispatch = |_attempt| save_draft(&args);
-    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
-        .await
-}
+use verified_tools::ledger::MemoryLedger;
+use verified_tools::{Clock, Context, IdempotencyKey, KeyScope, SystemClock};
+use verified_tools_benches::{call, draft, save_draft};
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));

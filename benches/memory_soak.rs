@@ -12,36 +12,12 @@
 //! memory curve, not a mean. Latency is measured per call with
 //! `Instant::now()` around it (about 20 ns of its own).
 
-use std::hint::black_box;
-use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use verified_tools::ledger::{Codec, MemoryLedger};
-use verified_tools::{Context, SideEffect, ToolResult, ToolSpec, engine};
-
-static SAVE_DRAFT: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
-
-#[derive(Serialize)]
-struct Draft<'a> {
-    user: u64,
-    seq: u64,
-    title: &'a str,
-    amount: u32,
-    urgent: bool,
-}
-
-async fn save_draft(args: &Draft<'_>) -> Result<u64, io::Error> {
-    Ok(black_box(args.user) ^ args.seq)
-}
-
-async fn call(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
-    let args = Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false };
-    let dispatch = |_attempt| save_draft(&args);
-    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
-        .await
-}
+use verified_tools::Context;
+use verified_tools::ledger::MemoryLedger;
+use verified_tools_benches::call;
 
 /// Latencies in log-spaced buckets (16 per power of two), so 5 M calls take
 /// a few kilobytes rather than 40 MB that would blur the memory figures.

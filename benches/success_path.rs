@@ -23,39 +23,17 @@
 //! same and nothing can be hoisted out of the loop.
 
 use std::hint::black_box;
-use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
-use serde::Serialize;
 use tokio::runtime::Runtime;
-use verified_tools::ledger::{Codec, MemoryLedger};
+use verified_tools::ledger::MemoryLedger;
 use verified_tools::{
-    Context, IdempotencyKey, KeyScope, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine,
+    Context, IdempotencyKey, KeyScope, Proof, RetryPolicy, SideEffect, ToolResult,
 };
-
-static SAVE_DRAFT: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
-
-/// The tool's arguments: ids, a short string, an amount, a bool.
-#[derive(Serialize)]
-struct Draft<'a> {
-    user: u64,
-    seq: u64,
-    title: &'a str,
-    amount: u32,
-    urgent: bool,
-}
-
-fn draft(seq: u64) -> Draft<'static> {
-    Draft { user: 42, seq, title: "quarterly report", amount: 1250, urgent: false }
-}
-
-/// The tool itself: trivial work, ready on the first poll.
-async fn save_draft(args: &Draft<'_>) -> Result<u64, io::Error> {
-    Ok(black_box(args.user) ^ args.seq)
-}
+use verified_tools_benches::{call, draft, save_draft};
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -95,13 +73,6 @@ macro_rules! timed {
     };
 }
 
-async fn wrapped(cx: &Context, seq: u64) -> ToolResult<u64, io::Error> {
-    let args = draft(seq);
-    let dispatch = |_attempt| save_draft(&args);
-    engine::call(cx, &SAVE_DRAFT, &args, &args, dispatch, engine::no_verifier(), Codec::serde())
-        .await
-}
-
 fn success_path(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("success_path");
@@ -135,7 +106,7 @@ fn success_path(c: &mut Criterion) {
         ("wrapped/ledger_off/timeout_none", cx_no_timeout()),
     ] {
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| timed!(rt, iters, |i| wrapped(&cx, i).await))
+            b.iter_custom(|iters| timed!(rt, iters, |i| call(&cx, i).await))
         });
     }
 
@@ -149,7 +120,7 @@ fn success_path(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let cx = base().with_ledger(Arc::new(MemoryLedger::new()));
-                let took = timed!(rt, iters, |i| wrapped(&cx, i).await);
+                let took = timed!(rt, iters, |i| call(&cx, i).await);
                 drop(cx);
                 took
             })
@@ -158,12 +129,12 @@ fn success_path(c: &mut Criterion) {
 
     // The replay path: the same logical call again returns the recorded value.
     let cx = cx_default().with_ledger(Arc::new(MemoryLedger::new()));
-    let first = rt.block_on(wrapped(&cx, 0));
+    let first = rt.block_on(call(&cx, 0));
     assert!(first.is_success(), "priming call failed: {first:?}");
-    let again = rt.block_on(wrapped(&cx, 0));
+    let again = rt.block_on(call(&cx, 0));
     assert!(matches!(again, ToolResult::Success { proof: Proof::Ledger, .. }), "{again:?}");
     g.bench_function("wrapped/ledger_hit", |b| {
-        b.iter_custom(|iters| timed!(rt, iters, |_i| wrapped(&cx, 0).await))
+        b.iter_custom(|iters| timed!(rt, iters, |_i| call(&cx, 0).await))
     });
 
     g.finish();
