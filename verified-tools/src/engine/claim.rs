@@ -1,0 +1,165 @@
+//! The call's hold on its key: claiming it (a repeat replays, a call in
+//! doubt is verified first, a call in flight is waited for), and the guard
+//! that abandons it if the call is dropped.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use super::decide::Event;
+use super::{Attempt, Call, Stage};
+use crate::context::LedgerOutage;
+use crate::key::Derived;
+use crate::ledger::{
+    ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
+};
+use crate::{CallError, Cause, Classify, IdempotencyKey, Proof, SideEffect, ToolResult, Verdict};
+
+/// A held ledger key. Dropped while armed (the call's future was cancelled,
+/// or unwound), it abandons the hold: the record stays in doubt, so the next
+/// call with the key verifies before it dispatches.
+pub(super) struct Hold<'a> {
+    pub(super) ledger: &'a dyn Ledger,
+    pub(super) key: IdempotencyKey,
+    pub(super) fence: Fence,
+}
+
+impl Hold<'_> {
+    pub(super) async fn close(self, end: End<'_>) -> Result<(), LedgerError> {
+        // Still armed while the store answers: cancelled mid-way, the drop
+        // abandons the hold (a no-op if the end was written).
+        let result = self.ledger.finish(self.key, self.fence, end).await;
+        std::mem::forget(self);
+        result
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.ledger.abandon(self.key, self.fence);
+    }
+}
+
+/// A success's value, offered to the ledger.
+pub(super) struct Value<'v, T> {
+    pub(super) value: &'v T,
+    pub(super) codec: Codec<T>,
+}
+
+impl<T: Clone + Send + Sync + 'static> Recorded for Value<'_, T> {
+    fn local(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(self.value.clone())
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        self.codec.encode(self.value)
+    }
+}
+
+impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Classify,
+    D: FnMut(Attempt) -> DF,
+    DF: Future<Output = Result<T, E>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<T>>,
+{
+    /// Claims the key in the ledger: a repeat returns the recorded outcome, a
+    /// call in doubt is verified first, a call in flight is waited for.
+    pub(super) async fn claim(
+        &mut self,
+        ledger: &'a dyn Ledger,
+        derived: Derived,
+    ) -> Result<Event, ToolResult<T, E>> {
+        let (cx, tool) = (self.cx, self.spec.name);
+        let lease = ledger.lease();
+        if lease < self.policy.call_timeout {
+            let call_timeout = self.policy.call_timeout;
+            return Err(ToolResult::Refused(CallError::LeaseTooShort {
+                tool,
+                lease,
+                call_timeout,
+            }));
+        }
+        self.stage = Stage::Claiming;
+        let mut first = self.timeline;
+        first.dispatched(first.attempt(Duration::ZERO));
+        let mut request = ClaimRequest {
+            key: derived.key,
+            fingerprint: derived.fingerprint,
+            previous: derived.previous,
+            first: Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) },
+            now: self.started,
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            let claim = match ledger.claim(request).await {
+                Ok(claim) => claim,
+                Err(_) if self.outage_tolerated() => return Ok(Event::Claimed),
+                Err(source) => {
+                    let key = derived.key;
+                    return Err(ToolResult::Refused(CallError::Ledger { tool, key, source }));
+                }
+            };
+            let key = claim.key;
+            self.key = Some(key);
+            match claim.state {
+                Claimed::Fresh(fence) => {
+                    self.hold = Some(Hold { ledger, key, fence });
+                    self.first_recorded = true;
+                    return Ok(Event::Claimed);
+                }
+                Claimed::Resume(fence, progress) => {
+                    self.hold = Some(Hold { ledger, key, fence });
+                    // The budget is per logical call: earlier attempts count.
+                    self.facts.attempts = progress.attempts;
+                    self.facts.after_ok = progress.after_ok;
+                    let at = self.timeline.at(Instant::now());
+                    self.timeline.resumed(at, progress.settle);
+                    let cause =
+                        if progress.after_ok { Cause::Unconfirmed } else { Cause::Interrupted };
+                    self.cause = Some(cause);
+                    return Ok(Event::Resumed);
+                }
+                Claimed::Completed(replay) => {
+                    let value = match replay {
+                        Replay::Local(value) => value.downcast_ref::<T>().cloned(),
+                        Replay::Encoded(bytes) => self.codec.decode(&bytes),
+                        Replay::Unrecorded => None,
+                    };
+                    return match value {
+                        Some(value) => {
+                            Err(ToolResult::Success { value, proof: Proof::Ledger, key })
+                        }
+                        None => Ok(Event::Unreplayable),
+                    };
+                }
+                Claimed::Mismatch => {
+                    return Err(ToolResult::Refused(CallError::KeyReuse { tool, key }));
+                }
+                Claimed::InFlight(lease_left) => match cx.in_flight() {
+                    crate::InFlight::Wait { poll, max } if waited < max => {
+                        self.stage = Stage::Waiting;
+                        let step =
+                            poll.max(Duration::from_millis(1)).min(max - waited).min(lease_left);
+                        sleep(step.max(Duration::from_millis(1))).await;
+                        waited += step;
+                        self.stage = Stage::Claiming;
+                        request.now = Instant::now();
+                    }
+                    _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
+                },
+            }
+        }
+    }
+
+    /// Whether a low-risk call may go on while the ledger is unreachable.
+    fn outage_tolerated(&self) -> bool {
+        self.cx.ledger_outage() == LedgerOutage::ProceedLowRisk
+            && self.spec.side_effect <= SideEffect::Low
+    }
+}

@@ -1,0 +1,280 @@
+//! How a call ends: the `ToolResult` of each decision, the ledger's record of
+//! it, and the one hook through which every transition reaches the audit
+//! sink and the call's span.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::claim::Value;
+use super::decide::{self, Event};
+use super::{Attempt, Call, Stage};
+use crate::audit::{AuditEvent, CallIdentity, CallState};
+use crate::escalation::Ticket;
+use crate::ledger::{End, LedgerError};
+use crate::telemetry;
+use crate::{
+    CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Proof, ToolResult,
+    ToolSpec, UnknownReason, Verdict,
+};
+
+/// Records a call refused before it had a key, for its JSON arguments did not
+/// fit the tool (what `<tool>_json` calls before it returns the error): the
+/// audit trail and the call's span show it like any other refusal.
+pub fn record_refusal(cx: &Context, spec: &'static ToolSpec, error: &crate::ArgsError) {
+    let span = telemetry::call(cx, spec);
+    if cx.audit.is_none() && !telemetry::listening(&span) {
+        return;
+    }
+    let text = error.to_string();
+    let mut bucket = KeyScope::DEFAULT;
+    let scope = cx.scope_for(spec, &mut bucket);
+    let event = AuditEvent {
+        at_unix_ms: cx.clock().unix_ms(),
+        agent: cx.agent(),
+        tool: spec.name,
+        key: None,
+        call: CallIdentity::of(scope),
+        state: CallState::Refused,
+        attempt: 0,
+        elapsed_ms: 0,
+        deadline_ms: None,
+        verdict: None,
+        settled: None,
+        error_class: None,
+        error: Some(&text),
+        outcome: Some("refused"),
+        proof: None,
+        reason: None,
+        args: None,
+    };
+    if let Some(sink) = &cx.audit {
+        sink.record(&event);
+    }
+    telemetry::transition(&span, &event);
+}
+
+/// What a transition adds to its event.
+pub(super) enum Detail<'d, T, E> {
+    None,
+    /// An attempt went out with this time limit.
+    Dispatched(Duration),
+    /// An attempt failed with this error.
+    Failed(ErrorClass, &'d E),
+    /// An attempt ran past its limit.
+    TimedOut(Duration),
+    /// A verifier read: what it said, and whether the last attempt had settled.
+    Read(Verdict, bool),
+    Panicked,
+    LedgerLost,
+    /// The call ended so.
+    Ended(&'d ToolResult<T, E>),
+}
+
+/// The last failure in words: the error's own text where there is one.
+fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
+    match cause {
+        Cause::Error(error) => error.to_string(),
+        Cause::TimedOut(limit) => format!("no answer within {} ms", limit.as_millis()),
+        other => describe(other).to_owned(),
+    }
+}
+
+fn describe<E>(cause: &Cause<E>) -> &'static str {
+    match cause {
+        Cause::Error(_) => "the tool returned an ambiguous error",
+        Cause::TimedOut(_) => "an attempt timed out",
+        Cause::Unconfirmed => "the tool answered OK but the postcondition was not found",
+        Cause::Interrupted => "an earlier call with this key ended in doubt",
+    }
+}
+
+impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Classify,
+    D: FnMut(Attempt) -> DF,
+    DF: Future<Output = Result<T, E>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<T>>,
+{
+    pub(super) fn succeed(&mut self, event: Event) -> ToolResult<T, E> {
+        let key = self.key();
+        let proof = match event {
+            Event::Answered => Proof::Response,
+            _ if self.facts.completed => Proof::Ledger,
+            _ => Proof::Verifier,
+        };
+        match self.value.take() {
+            Some(value) => ToolResult::Success { value, proof, key },
+            // Unreachable: both events that succeed store a value first.
+            None => self.unresolved(UnknownReason::VerifierInconclusive),
+        }
+    }
+
+    pub(super) fn failed(&mut self) -> ToolResult<T, E> {
+        match self.cause.take() {
+            Some(Cause::Error(error)) => ToolResult::Failed { error, key: self.key() },
+            // Unreachable: only a definitive error fails.
+            other => ToolResult::NotApplied {
+                cause: other.unwrap_or(Cause::Interrupted),
+                key: self.key(),
+            },
+        }
+    }
+
+    pub(super) fn not_applied(&mut self) -> ToolResult<T, E> {
+        ToolResult::NotApplied {
+            cause: self.cause.take().unwrap_or(Cause::Interrupted),
+            key: self.key(),
+        }
+    }
+
+    /// Nothing more can be done in doubt: irreversible actions go to a person.
+    pub(super) fn unresolved(&mut self, reason: UnknownReason) -> ToolResult<T, E> {
+        let key = self.key();
+        let cause = self.cause.take().unwrap_or(Cause::Interrupted);
+        if !decide::escalates(self.spec.side_effect, reason) {
+            return ToolResult::Unknown { reason, cause, key };
+        }
+        let verdict = if self.absent_seen { Verdict::Absent } else { Verdict::Unknown };
+        if let Some(escalation) = &self.cx.escalation {
+            escalation.escalate(Ticket {
+                key,
+                tool: self.spec.name,
+                agent: self.cx.agent().to_owned(),
+                verdict,
+                cause: cause_text(&cause),
+                args: self.args.as_ref().and_then(|a| serde_json::from_str(a.get()).ok()),
+            });
+        }
+        ToolResult::Escalated { reason, verdict, cause, key }
+    }
+
+    /// The call's deadline struck: what can be said of it.
+    pub(super) fn expired(&mut self) -> ToolResult<T, E> {
+        let (tool, key) = (self.spec.name, self.key());
+        match self.stage {
+            Stage::Deriving | Stage::Claiming => {
+                let source =
+                    LedgerError::Unavailable("no answer within the call's deadline".into());
+                ToolResult::Refused(CallError::Ledger { tool, key, source })
+            }
+            Stage::Waiting => ToolResult::Refused(CallError::InProgress { tool, key }),
+            Stage::Running | Stage::Attempting => {
+                if self.stage == Stage::Attempting {
+                    self.facts.in_doubt = true;
+                    self.cause = Some(Cause::TimedOut(self.policy.call_timeout));
+                }
+                if self.facts.in_doubt {
+                    self.unresolved(UnknownReason::DeadlineExceeded)
+                } else {
+                    self.not_applied()
+                }
+            }
+        }
+    }
+
+    pub(super) async fn finish(&mut self, result: &ToolResult<T, E>) {
+        // The ledger first: an audit sink that panics must not leave a
+        // proven success recorded as in doubt.
+        if let Some(hold) = self.hold.take() {
+            // One key is one logical call with one budget: whatever did not
+            // prove its effect stays recorded, so a repeat verifies first and
+            // has only the attempts left (none after a contradicted OK).
+            let written = match result {
+                ToolResult::Success { value, .. } => {
+                    hold.close(End::Completed(&Value { value, codec: self.codec })).await
+                }
+                ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => {
+                    hold.close(End::Settled).await
+                }
+                _ => hold.close(End::InDoubt).await,
+            };
+            if written.is_err() {
+                // The record stays held until its lease ends, then in doubt:
+                // the next call verifies first. Nothing is lost.
+                self.note(CallState::PendingVisibility, Detail::LedgerLost);
+            }
+        }
+        let state = match result {
+            ToolResult::Success { .. } => CallState::VerifiedSuccess,
+            ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => CallState::VerifiedFailure,
+            ToolResult::Unknown { .. } => CallState::Unknown,
+            ToolResult::Escalated { .. } => CallState::Escalated,
+            ToolResult::Refused(_) => CallState::Refused,
+        };
+        self.note(state, Detail::Ended(result));
+    }
+
+    /// The one hook of every transition: the audit sink and the span.
+    #[inline]
+    pub(super) fn note(&self, state: CallState, detail: Detail<'_, T, E>) {
+        if self.cx.audit.is_some() || telemetry::listening(&self.span) {
+            self.emit(state, detail);
+        }
+    }
+
+    #[inline(never)]
+    fn emit(&self, state: CallState, detail: Detail<'_, T, E>) {
+        let mut text = None;
+        let mut e = AuditEvent {
+            at_unix_ms: self.cx.clock().unix_ms(),
+            agent: self.cx.agent(),
+            tool: self.spec.name,
+            key: self.key,
+            call: self.identity,
+            state,
+            attempt: self.facts.attempts,
+            elapsed_ms: self.started.elapsed().as_millis() as u64,
+            deadline_ms: None,
+            verdict: None,
+            settled: None,
+            error_class: None,
+            error: None,
+            outcome: None,
+            proof: None,
+            reason: None,
+            args: if state == CallState::Planned { self.args.as_deref() } else { None },
+        };
+        match detail {
+            Detail::None => {}
+            Detail::Dispatched(limit) => e.deadline_ms = Some(limit.as_millis() as u64),
+            Detail::Failed(class, error) => {
+                e.error_class = Some(class);
+                text = Some(error.to_string());
+            }
+            Detail::TimedOut(limit) => {
+                e.error_class = Some(ErrorClass::Ambiguous);
+                text = Some(format!("no answer within {} ms", limit.as_millis()));
+            }
+            Detail::Read(verdict, settled) => {
+                e.verdict = Some(verdict);
+                e.settled = Some(settled);
+            }
+            Detail::Panicked => text = Some("the tool panicked; its effect is in doubt".into()),
+            Detail::LedgerLost => text = Some("the ledger did not record the outcome".into()),
+            Detail::Ended(result) => {
+                e.outcome = Some(result.label());
+                match result {
+                    ToolResult::Success { proof, .. } => e.proof = Some(*proof),
+                    ToolResult::Failed { error, .. } => {
+                        e.error_class = Some(ErrorClass::Definitive);
+                        text = Some(error.to_string());
+                    }
+                    ToolResult::NotApplied { cause, .. } => text = Some(cause_text(cause)),
+                    ToolResult::Unknown { reason, cause, .. }
+                    | ToolResult::Escalated { cause, reason, .. } => {
+                        e.reason = Some(*reason);
+                        text = Some(cause_text(cause));
+                    }
+                    ToolResult::Refused(error) => text = Some(error.to_string()),
+                }
+            }
+        }
+        e.error = text.as_deref();
+        if let Some(sink) = &self.cx.audit {
+            sink.record(&e);
+        }
+        telemetry::transition(&self.span, &e);
+    }
+}

@@ -1,0 +1,110 @@
+//! Reading the verifier: until the effect is shown, or shown absent once the
+//! last attempt has settled, or the reads run out.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+
+use super::decide::Event;
+use super::outcome::Detail;
+use super::{Attempt, Call, catch_unwind};
+use crate::audit::CallState;
+use crate::ledger::Progress;
+use crate::{Cause, Classify, IdempotencyKey, Verdict};
+
+impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Classify,
+    D: FnMut(Attempt) -> DF,
+    DF: Future<Output = Result<T, E>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<T>>,
+{
+    /// Reads the verifier until the effect is shown, or shown absent after
+    /// the last attempt settled, or the reads run out.
+    pub(super) async fn verify(&mut self, after: Event) -> Event {
+        if after == Event::Answered {
+            // An OK answer the verifier must confirm: the service may still
+            // hide it for the settle margin. Nothing more goes out under the
+            // key (a takeover must know).
+            let now = self.timeline.at(Instant::now());
+            self.timeline.dispatched(now);
+            self.cause = Some(Cause::Unconfirmed);
+            if let Some(hold) = &self.hold {
+                let progress = Progress {
+                    attempts: self.facts.attempts,
+                    after_ok: true,
+                    settle: self.timeline.settle(now),
+                };
+                if let Err(error) = hold.ledger.dispatching(hold.key, hold.fence, progress).await {
+                    return self.halted(error);
+                }
+            }
+        }
+        let budget = self.policy.base.verify;
+        for read in 0..budget.reads.max(1) {
+            if read > 0 {
+                sleep(budget.interval).await;
+            }
+            if let Some(event) = self.read().await {
+                return event;
+            }
+        }
+        // The reads ran out before the last attempt settled: wait for it and
+        // read once more, if the call's deadline comes later.
+        if let Some(at) = self.timeline.settles_in_time()
+            && self.timeline.at(Instant::now()) < at
+        {
+            sleep_until(self.timeline.instant(at)).await;
+            if let Some(event) = self.read().await {
+                return event;
+            }
+        }
+        Event::Inconclusive { absent_seen: self.absent_seen }
+    }
+
+    /// One verifier read: an event if it settles the question.
+    async fn read(&mut self) -> Option<Event> {
+        // The read saw the state as of when it started: that is the time to
+        // hold against the settle point.
+        let started = self.timeline.at(Instant::now());
+        let verdict = self.read_verifier().await;
+        let settled = self.timeline.settled(started);
+        self.note(CallState::PendingVisibility, Detail::Read(verdict.kind(), settled));
+        match verdict {
+            Verdict::Holds(value) => {
+                self.value = Some(value);
+                Some(Event::Holds)
+            }
+            Verdict::Absent if settled => Some(Event::Absent),
+            Verdict::Absent => {
+                self.absent_seen = true;
+                None
+            }
+            Verdict::Unknown => None,
+        }
+    }
+
+    /// One verifier read: a panic, a timeout or a failed read is `Unknown`.
+    async fn read_verifier(&mut self) -> Verdict<T> {
+        let key = self.key();
+        let Some(verify) = self.verify.as_mut() else {
+            return Verdict::Unknown;
+        };
+        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(|| verify(key))) else {
+            return Verdict::Unknown;
+        };
+        let guarded = catch_unwind(read);
+        // Bounded by the attempt timeout; without one, by the call deadline.
+        let verdict = match self.policy.attempt_timeout {
+            Some(limit) => timeout_at(crate::deadline::later(Instant::now(), limit), guarded)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => guarded.await.ok(),
+        };
+        verdict.unwrap_or(Verdict::Unknown)
+    }
+}

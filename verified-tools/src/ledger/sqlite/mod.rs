@@ -1,0 +1,388 @@
+//! The SQLite ledger (feature `sqlite`): the embedded, durable ledger of one
+//! host. How to use it and what it guarantees is on [`SqliteLedger`]; the
+//! file's schema and its transactions are in `sql.rs`. This file is the
+//! handle: its connection, the blocking pool it runs on, and the claim that
+//! a dropped caller rolls back or abandons.
+
+mod sql;
+
+use self::sql::{
+    DEFAULT_BUSY_TIMEOUT, Ending, Failure, PURGE_EVERY, abandon, claim, connect, dispatching,
+    finish, now_ms, purge,
+};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::runtime::Handle;
+
+use super::{
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
+    Recorded, Replay, Settle,
+};
+use crate::IdempotencyKey;
+
+/// The embedded, durable ledger of one host: its records live in one SQLite
+/// file, shared by every process of the host that opens it.
+///
+/// A path is all it needs: [`open`](Self::open) creates the file and its
+/// schema if they are missing.
+///
+/// ```
+/// use std::sync::Arc;
+/// use verified_tools::ledger::{ClaimRequest, Claimed, End, Ledger, Progress, Settle, SqliteLedger};
+/// use verified_tools::{Context, IdempotencyKey, PayloadDigest};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("vt-sqlite-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("ledger.db");
+/// let ledger = SqliteLedger::open(&path)?;
+///
+/// // What the engine does with it: claim a key, record how the call ended.
+/// let key = IdempotencyKey::from_u128(1);
+/// let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
+/// let now = tokio::time::Instant::now();
+/// let request =
+///     ClaimRequest { key, fingerprint: PayloadDigest::from_u128(1), previous: None, first, now };
+/// let Claimed::Fresh(fence) = ledger.claim(request).await?.state else { unreachable!() };
+/// ledger.finish(key, fence, End::InDoubt).await?;
+///
+/// // Another process (here: another handle) sees the record: the call is
+/// // resumed in doubt, with the attempt it made.
+/// let other = SqliteLedger::open(&path)?;
+/// let Claimed::Resume(_, progress) = other.claim(request).await?.state else { unreachable!() };
+/// assert_eq!(progress.attempts, 1);
+///
+/// // Wrapped calls use it through their context.
+/// let cx = Context::new("agent").with_ledger(Arc::new(other));
+/// # drop((cx, ledger)); std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+///
+/// # One host
+///
+/// The processes that open the same path share the records. A claim is
+/// atomic across them: it is one `BEGIN IMMEDIATE` transaction, under
+/// SQLite's write lock. Fences come from one counter in the file, incremented
+/// in the claim's transaction, so they grow across keys and processes. A
+/// process waits up to 5 seconds for another's write lock
+/// ([`with_busy_timeout`](Self::with_busy_timeout)), then the operation
+/// fails.
+///
+/// The file must be on a local file system. SQLite's locks, and the shared
+/// memory of its write-ahead log, do not work over a network file system
+/// (NFS, SMB): two hosts could both claim a key. That is not supported; use
+/// `RedisLedger` to share records between hosts.
+///
+/// # Durability
+///
+/// The file is in WAL mode, with `PRAGMA synchronous = FULL` by default:
+/// every transaction (a claim, a write-through before an attempt, a finish)
+/// is on disk, `fsync`ed, before the operation returns. A record survives the
+/// process being killed and a power loss or crash of the host: after a
+/// reboot, a call in doubt is still in doubt, and its next call verifies
+/// before it dispatches. It costs one `fsync` per transaction, two per call
+/// that succeeds at once (the claim and the finish).
+///
+/// [`with_power_loss_durability(false)`](Self::with_power_loss_durability)
+/// sets `synchronous = NORMAL`: a transaction is then in the operating
+/// system's cache when it returns, and on disk at the next checkpoint. It
+/// survives the process being killed (`kill -9`, an abort, the OOM killer),
+/// but a power loss or a crash of the host may roll back the last
+/// transactions. A claim lost that way lets the next call dispatch without
+/// verifying: the duplicate the ledger exists to prevent. That is why it is
+/// not the default.
+///
+/// # Leases and time
+///
+/// Leases, settle times and expiries are instants on the host's wall clock,
+/// which every process of the host shares, read inside each transaction. The
+/// engine only sends and receives durations. The wall clock is not tokio's:
+/// paused time in tests does not move it. A clock stepped forward ends holds
+/// early (the key is taken over in doubt, and the old holder is fenced); a
+/// clock stepped back makes them last longer.
+///
+/// # Expiry
+///
+/// Completed and settled records expire after the TTL
+/// ([`with_ttl`](Self::with_ttl), 24 hours by default), counted from their
+/// finish; records in doubt and held keys never expire. A claim treats an
+/// expired record as absent: a new logical call starts afresh, and replaces
+/// it. Expired records are deleted lazily: every 32nd finish of a handle
+/// deletes up to 64 of them in its own transaction (so the file does not
+/// grow forever, at no extra `fsync`), and
+/// [`purge_expired`](Self::purge_expired) deletes all of them at once.
+///
+/// # Failures
+///
+/// Any SQLite failure (the file cannot be opened or written, the disk is
+/// full, the write lock stays taken past the busy timeout, the file is
+/// corrupt) is returned as [`LedgerError::Unavailable`] or
+/// [`LedgerError::Corrupt`], never as a panic: the engine then refuses the
+/// call before anything is dispatched. A transaction that fails changes
+/// nothing. A claim that only reads (a completed call's replay, a key in
+/// flight) writes nothing, so replays go on while the disk is full.
+///
+/// # Threads and cancellation
+///
+/// SQLite is blocking: each operation runs on tokio's blocking thread pool
+/// (`spawn_blocking`), holding the handle's connection, which a mutex
+/// guards: one transaction of a process at a time, as SQLite allows one
+/// writer at a time anyway, and without the sleeps of SQLite's busy handler
+/// between connections of one process. Outside a tokio runtime, operations
+/// run in the caller's thread.
+///
+/// A claim whose future is dropped before it answers (its call's deadline
+/// struck while it waited for the lock, or its task was cancelled) is rolled
+/// back, or, if it had committed, abandoned: the key is not left held for a
+/// lease by a call that never learnt it held it. [`Ledger::abandon`], called
+/// from a destructor, must not block: it queues its short write on the
+/// blocking pool and returns (in the caller's thread outside a runtime). If
+/// that write is lost (the runtime shuts down, the process is killed), the
+/// lease ends the hold.
+pub struct SqliteLedger {
+    shared: Arc<Shared>,
+    lease: Duration,
+    ttl: Duration,
+    power_loss_durable: bool,
+    busy_timeout: Duration,
+}
+
+/// What the operations running on the blocking pool share with the handle.
+struct Shared {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    /// Finishes of this handle, to purge expired records every so often.
+    finishes: AtomicU32,
+}
+
+impl fmt::Debug for SqliteLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteLedger")
+            .field("path", &self.shared.path)
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .field("power_loss_durable", &self.power_loss_durable)
+            .field("busy_timeout", &self.busy_timeout)
+            .finish()
+    }
+}
+
+impl SqliteLedger {
+    /// Opens the ledger in the file at `path`, creating the file and its
+    /// schema if they are missing: WAL mode, `synchronous = FULL`, a busy
+    /// timeout of 5 seconds; records live 24 hours, keys are leased for 10
+    /// minutes.
+    ///
+    /// Fails with [`LedgerError::Unavailable`] when the file cannot be
+    /// opened or written, is another application's database or has a newer
+    /// schema, and with [`LedgerError::Corrupt`] when it is not a database.
+    ///
+    /// It blocks while it reads the file (and waits for another process's
+    /// lock, if one is writing): open the ledger when the program starts,
+    /// or on `spawn_blocking`, rather than on a runtime thread mid-run.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = connect(&path).map_err(|failure| failure.at(&path))?;
+        Ok(Self {
+            shared: Arc::new(Shared { conn: Mutex::new(conn), path, finishes: AtomicU32::new(0) }),
+            lease: Duration::from_secs(600),
+            ttl: Duration::from_secs(24 * 3600),
+            power_loss_durable: true,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        })
+    }
+
+    /// Sets how long completed and settled records are kept (24 hours by
+    /// default). Records in doubt never expire: forgetting one would let the
+    /// next call dispatch without verifying.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets how long a call may hold a key (10 minutes by default): past it,
+    /// the next call takes the key over in doubt. It must outlast every
+    /// call's deadline ([`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout)):
+    /// the engine refuses calls whose deadline is longer. Each claim records
+    /// the end of its own hold, so processes with different leases agree.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Whether every transaction is on disk before it returns, so that
+    /// records survive a power loss or a crash of the host: `true` (the
+    /// default) is `PRAGMA synchronous = FULL`; `false` is `NORMAL`, which
+    /// survives the process being killed but may lose the last transactions
+    /// to a power loss. See [Durability](Self#durability).
+    pub fn with_power_loss_durability(mut self, durable: bool) -> Result<Self, LedgerError> {
+        let level = if durable { "FULL" } else { "NORMAL" };
+        self.shared.with(|conn| Ok(conn.pragma_update(None, "synchronous", level)?))?;
+        self.power_loss_durable = durable;
+        Ok(self)
+    }
+
+    /// Sets how long an operation waits for another process's write lock
+    /// before it fails with [`LedgerError::Unavailable`] (5 seconds by
+    /// default). The engine bounds a claim by its call's deadline as well.
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Result<Self, LedgerError> {
+        self.shared.with(|conn| Ok(conn.busy_timeout(timeout)?))?;
+        self.busy_timeout = timeout;
+        Ok(self)
+    }
+
+    /// The file the records are in.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Deletes every expired record now, rather than a few every so often;
+    /// answers how many.
+    pub fn purge_expired(&self) -> LedgerFuture<'_, usize> {
+        self.run(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let purged = purge(&tx, now_ms(), i64::MAX)?;
+            tx.commit()?;
+            Ok(purged)
+        })
+    }
+
+    /// Runs `op` with the connection, on the blocking pool.
+    fn run<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Connection) -> Result<T, Failure> + Send + 'static,
+    ) -> LedgerFuture<'static, T> {
+        let shared = Arc::clone(&self.shared);
+        LedgerFuture::boxed(blocking(move || shared.with(op)))
+    }
+}
+
+impl Shared {
+    fn with<T>(
+        &self,
+        op: impl FnOnce(&mut Connection) -> Result<T, Failure>,
+    ) -> Result<T, LedgerError> {
+        // A panic while the lock was held cannot have left a transaction
+        // open: rusqlite rolls it back when it is dropped.
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        op(&mut conn).map_err(|failure| failure.at(&self.path))
+    }
+}
+
+/// Runs `task` on the blocking pool of the current runtime, or here when
+/// there is none (no runtime thread to keep free).
+async fn blocking<T: Send + 'static>(
+    task: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
+) -> Result<T, LedgerError> {
+    match Handle::try_current() {
+        Ok(handle) => handle.spawn_blocking(task).await.unwrap_or_else(|error| {
+            Err(LedgerError::Unavailable(format!("the ledger's SQLite thread failed: {error}")))
+        }),
+        Err(_) => task(),
+    }
+}
+
+// ---------------------------------------------------------------- the trait
+
+/// Where a claim's caller is: still waiting, gone, or answered with a hold.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Waiter {
+    Waiting,
+    Cancelled,
+    Answered(IdempotencyKey, Fence),
+    Received,
+}
+
+pub(super) fn lock(waiter: &Mutex<Waiter>) -> MutexGuard<'_, Waiter> {
+    waiter.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Dropped before the claim's answer was received, it tells the claim's
+/// transaction to roll back, or abandons the hold it answered with.
+struct Pending {
+    waiter: Arc<Mutex<Waiter>>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut waiter = lock(&self.waiter);
+        match *waiter {
+            Waiter::Waiting => *waiter = Waiter::Cancelled,
+            Waiter::Answered(key, fence) => {
+                *waiter = Waiter::Received;
+                drop(waiter);
+                abandon_later(&self.shared, key, fence);
+            }
+            Waiter::Cancelled | Waiter::Received => {}
+        }
+    }
+}
+
+/// Abandons a hold without blocking a runtime thread.
+fn abandon_later(shared: &Arc<Shared>, key: IdempotencyKey, fence: Fence) {
+    let shared = Arc::clone(shared);
+    let task = move || {
+        // Lost, the lease ends the hold.
+        let _ = shared.with(|conn| abandon(conn, key, fence));
+    };
+    match Handle::try_current() {
+        Ok(handle) => drop(handle.spawn_blocking(task)),
+        Err(_) => task(),
+    }
+}
+
+impl Ledger for SqliteLedger {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        let lease = self.lease;
+        let waiter = Arc::new(Mutex::new(Waiter::Waiting));
+        let pending = Pending { waiter: Arc::clone(&waiter), shared: Arc::clone(&self.shared) };
+        let shared = Arc::clone(&self.shared);
+        LedgerFuture::boxed(async move {
+            let result =
+                blocking(move || shared.with(|conn| claim(conn, request, lease, &waiter))).await;
+            *lock(&pending.waiter) = Waiter::Received;
+            result
+        })
+    }
+
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()> {
+        self.run(move |conn| dispatching(conn, key, fence, progress))
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()> {
+        let ending = match end {
+            End::Completed(value) => Ending::Completed(Recorded::encode(value)),
+            End::Settled => Ending::Settled,
+            End::InDoubt => Ending::InDoubt,
+        };
+        let ttl = self.ttl;
+        let purge_too =
+            self.shared.finishes.fetch_add(1, Ordering::Relaxed).is_multiple_of(PURGE_EVERY);
+        self.run(move |conn| finish(conn, key, fence, ending, ttl, purge_too))
+    }
+
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        abandon_later(&self.shared, key, fence);
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+}
