@@ -252,7 +252,6 @@ impl<T: ?Sized> ReadsNoNull for &NullProbe<T> {}
 /// value type that serializes, each one error on the user's type.
 #[cfg(feature = "schema")]
 mod listed {
-    use std::fmt::Display;
     use std::marker::PhantomData;
 
     use schemars::JsonSchema;
@@ -375,7 +374,7 @@ mod listed {
         fn outcome(&self) -> fn(ToolResult<T, E>) -> ToolOutcome;
     }
 
-    impl<T: Serialize, E: Display> SerializeOutcome<T, E> for OutcomeProbe<T, E> {
+    impl<T: Serialize, E: crate::Classify> SerializeOutcome<T, E> for OutcomeProbe<T, E> {
         fn outcome(&self) -> fn(ToolResult<T, E>) -> ToolOutcome {
             ToolOutcome::from_result
         }

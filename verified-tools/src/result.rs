@@ -55,8 +55,9 @@ impl<E> Cause<E> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownReason {
-    /// Retries ran out and nothing verified the effect (retry-only mode, or a
-    /// tool without verifier).
+    /// Retries ran out, or the last one failed definitively, and nothing
+    /// verified the earlier attempts (retry-only mode, or a tool without
+    /// verifier): one of them may have applied.
     RetriesExhausted,
     /// The call held its key past the ledger's lease and another call took
     /// it over: that call now owns the outcome. Nothing more was dispatched.

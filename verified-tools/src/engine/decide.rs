@@ -110,6 +110,11 @@ impl Rules {
                 Next::Verify
             }
             Event::Answered => Next::Succeed,
+            // This attempt did not apply; an earlier one sent blindly still
+            // may have, so the call cannot say the effect did not happen.
+            Event::Failed(ErrorClass::Definitive) if facts.in_doubt => {
+                Next::Unresolved(UnknownReason::RetriesExhausted)
+            }
             Event::Failed(ErrorClass::Definitive) => Next::Fail,
             // Nothing left the client: this attempt cannot have applied; an
             // earlier one still may have, and is dealt with as such.
@@ -322,6 +327,16 @@ mod tests {
             if next == Next::NotApplied {
                 assert!(!after.in_doubt, "{rules:?} {facts:?} {event:?}");
                 assert!(matches!(event, Event::Absent | Event::Failed(ErrorClass::NotSent)));
+            }
+        }
+    }
+
+    #[test]
+    fn failed_only_when_nothing_is_in_doubt() {
+        for (rules, facts, event, _, next) in table() {
+            if next == Next::Fail {
+                assert!(!facts.in_doubt, "{rules:?} {facts:?} {event:?}");
+                assert_eq!(event, Event::Failed(ErrorClass::Definitive));
             }
         }
     }

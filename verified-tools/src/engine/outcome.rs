@@ -73,7 +73,7 @@ pub(super) enum Detail<'d, T, E> {
 /// The last failure in words: the error's own text where there is one.
 fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
     match cause {
-        Cause::Error(error) => error.to_string(),
+        Cause::Error(error) => error.describe(),
         Cause::TimedOut(limit) => format!("no answer within {} ms", limit.as_millis()),
         other => describe(other).to_owned(),
     }
@@ -241,7 +241,7 @@ where
             Detail::Dispatched(limit) => e.deadline_ms = Some(limit.as_millis() as u64),
             Detail::Failed(class, error) => {
                 e.error_class = Some(class);
-                text = Some(error.to_string());
+                text = Some(error.describe());
             }
             Detail::TimedOut(limit) => {
                 e.error_class = Some(ErrorClass::Ambiguous);
@@ -259,7 +259,7 @@ where
                     ToolResult::Success { proof, .. } => e.proof = Some(*proof),
                     ToolResult::Failed { error, .. } => {
                         e.error_class = Some(ErrorClass::Definitive);
-                        text = Some(error.to_string());
+                        text = Some(error.describe());
                     }
                     ToolResult::NotApplied { cause, .. } => text = Some(cause_text(cause)),
                     ToolResult::Unknown { reason, cause, .. }

@@ -5,7 +5,9 @@ use std::fmt::{self, Display};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{ArgsError, CallError, Cause, IdempotencyKey, Proof, ToolResult, UnknownReason};
+use crate::{
+    ArgsError, CallError, Cause, Classify, IdempotencyKey, Proof, ToolResult, UnknownReason,
+};
 
 /// How a tool call ended, in the words of [`ToolOutcome::status`].
 ///
@@ -79,7 +81,7 @@ impl Display for Status {
 /// use std::time::Duration;
 ///
 /// let key = IdempotencyKey::from_u128(0xfeed);
-/// let lost: ToolResult<u64, String> = ToolResult::Unknown {
+/// let lost: ToolResult<u64, std::io::Error> = ToolResult::Unknown {
 ///     reason: UnknownReason::VerifierInconclusive,
 ///     cause: Cause::TimedOut(Duration::from_millis(500)),
 ///     key,
@@ -141,7 +143,7 @@ impl ToolOutcome {
 
     /// The outcome of a call that reached its tool. `E`'s `Display` is what
     /// the model reads of an error; the value is serialized with serde.
-    pub fn from_result<T: Serialize, E: Display>(result: ToolResult<T, E>) -> Self {
+    pub fn from_result<T: Serialize, E: Classify>(result: ToolResult<T, E>) -> Self {
         match result {
             ToolResult::Success { value, proof, key } => {
                 let mut out = Self::new(Status::Success);
@@ -156,7 +158,7 @@ impl ToolOutcome {
             ToolResult::Failed { error, key } => {
                 let mut out = Self::new(Status::Failed);
                 out.key = Some(key);
-                out.error = Some(error.to_string());
+                out.error = Some(error.describe());
                 out.instruction = Some(
                     "The tool refused this call and nothing was changed. Do not repeat it \
                      unchanged: fix the cause first."
@@ -233,9 +235,9 @@ impl ToolOutcome {
 }
 
 /// The last failure, in words.
-fn cause_text<E: Display>(cause: &Cause<E>) -> String {
+fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
     match cause {
-        Cause::Error(e) => e.to_string(),
+        Cause::Error(e) => e.describe(),
         Cause::TimedOut(after) => format!("no answer within {after:?}"),
         Cause::Unconfirmed => {
             "the tool answered OK, but its effect could not be confirmed".to_owned()
@@ -268,11 +270,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::Verdict;
+    use crate::{Classified, ErrorClass, Verdict};
 
     const KEY: IdempotencyKey = IdempotencyKey::from_u128(1);
 
-    fn json_of(result: ToolResult<Value, String>) -> Value {
+    fn json_of(result: ToolResult<Value, Classified<&'static str>>) -> Value {
         serde_json::to_value(ToolOutcome::from_result(result)).unwrap()
     }
 
@@ -288,12 +290,15 @@ mod tests {
             json!({"status": "success", "value": {"id": 7}, "proof": "ledger",
                    "key": "00000000000000000000000000000001"})
         );
-        let failed = json_of(ToolResult::Failed { error: "not found".into(), key: KEY });
+        let failed = json_of(ToolResult::Failed {
+            error: Classified::new("not found", ErrorClass::Definitive),
+            key: KEY,
+        });
         assert_eq!(failed["status"], "failed");
         assert_eq!(failed["error"], "not found");
         assert!(failed.get("value").is_none());
         let missing = json_of(ToolResult::NotApplied {
-            cause: Cause::Error("version conflict".into()),
+            cause: Cause::Error(Classified::new("version conflict", ErrorClass::Conflict)),
             key: KEY,
         });
         assert_eq!(missing["status"], "not_applied");
