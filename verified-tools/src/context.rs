@@ -77,6 +77,11 @@ pub enum InFlight {
 ///
 /// Cheap to clone (reference counts only); pass `&Context` to every call.
 ///
+/// One receiver convention: `with_*` methods configure, taking and returning
+/// the context by value (chain them where it is built); `for_*` methods
+/// derive a per-call copy from `&self` (the key scope of one run step, tool
+/// call or explicit key), leaving the shared context in place.
+///
 /// ```
 /// use std::sync::Arc;
 /// use verified_tools::{Context, Mode, RetryPolicy, SideEffect};
