@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL for the tests (`tests/classify.rs`): installs the
+# A throwaway PostgreSQL for the tests (`verified-tools/tests/classify.rs`,
+# `verified-tools/tests/postgres.rs`): installs the
 # server if it is missing, makes a cluster in a temporary directory owned by
 # an unprivileged user (the server refuses to run as root), starts it on a
 # free loopback port and exports VT_POSTGRES_URL. A VT_POSTGRES_URL already

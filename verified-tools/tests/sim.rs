@@ -1,6 +1,5 @@
 //! The simulator's fault modes, key handling, visibility lag and ground
 //! truth, run on paused tokio time.
-#![cfg(feature = "sim")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The engine against a real PostgreSQL (issue 9): the late-arrival cases
-//! that `verified-tools/tests/timing.rs` models under paused time
+//! that `tests/timing.rs` models under paused time
 //! (`case1_*`), made real, with tools written as a user writes them: a
 //! `#[verified_tool]` async fn on tokio-postgres and a read-only verifier
 //! that runs a `SELECT`.
