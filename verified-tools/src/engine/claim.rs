@@ -95,7 +95,9 @@ where
             first: Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) },
             now: self.started,
         };
-        let mut waited = Duration::ZERO;
+        // The wait is measured on the clock, not summed from the polls: a
+        // 1 ms poll sleeps longer than 1 ms in real time.
+        let mut waiting_since = None;
         loop {
             let claim = match ledger.claim(request).await {
                 Ok(claim) => claim,
@@ -141,18 +143,19 @@ where
                 Claimed::Mismatch => {
                     return Err(ToolResult::Refused(CallError::KeyReuse { tool, key }));
                 }
-                Claimed::InFlight(lease_left) => match cx.in_flight() {
-                    crate::InFlight::Wait { poll, max } if waited < max => {
-                        self.stage = Stage::Waiting;
-                        let step =
-                            poll.max(Duration::from_millis(1)).min(max - waited).min(lease_left);
-                        sleep(step.max(Duration::from_millis(1))).await;
-                        waited += step;
-                        self.stage = Stage::Claiming;
-                        request.now = Instant::now();
+                Claimed::InFlight(lease_left) => {
+                    let waited = waiting_since.get_or_insert(request.now).elapsed();
+                    match cx.in_flight() {
+                        crate::InFlight::Wait { poll, max } if waited < max => {
+                            self.stage = Stage::Waiting;
+                            let step = poll.min(max - waited).min(lease_left);
+                            sleep(step.max(Duration::from_millis(1))).await;
+                            self.stage = Stage::Claiming;
+                            request.now = Instant::now();
+                        }
+                        _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
                     }
-                    _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
-                },
+                }
             }
         }
     }
