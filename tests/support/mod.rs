@@ -6,6 +6,9 @@
 //! line saying what is missing and how to get it, and passes without running.
 #![allow(dead_code)]
 
+use std::io::Write;
+use std::sync::Mutex;
+
 pub mod redis;
 
 /// Whether this run is CI, where every server must be present.
@@ -15,7 +18,16 @@ pub fn in_ci() -> bool {
 
 /// A server the test needs is missing: fail under CI, else say so in one
 /// line and let the test return early.
+///
+/// The test harness keeps what tests print to itself unless one fails, so
+/// the line goes to the real stderr, once per missing server for all the
+/// tests of the binary that skip.
 pub fn missing(what: &str, how: &str) {
     assert!(!in_ci(), "{what} is required under CI=true but is missing: {how}");
-    eprintln!("skipped: needs {what} ({how})");
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !said.iter().any(|w| w == what) {
+        said.push(what.to_owned());
+        let _ = writeln!(std::io::stderr(), "skipped: needs {what} ({how})");
+    }
 }

@@ -78,6 +78,20 @@ struct Listed<S> {
     output: Option<JsonObject>,
 }
 
+impl<S> Listed<S> {
+    /// What every listing format has: `name`, `description` (when there is
+    /// one) and the arguments' schema under `schema_key`.
+    fn entry(&self, schema_key: &str) -> Map<String, Value> {
+        let mut entry = Map::new();
+        entry.insert("name".to_owned(), self.def.name().into());
+        if let Some(description) = description(&self.def) {
+            entry.insert("description".to_owned(), description.into());
+        }
+        entry.insert(schema_key.to_owned(), Value::Object(self.input.clone()));
+        entry
+    }
+}
+
 impl<S> ToolSet<S> {
     /// An empty set over `state`, calling with `Context::new("verified-tools")`
     /// (an in-memory ledger; see [`with_context`](Self::with_context)).
@@ -146,15 +160,7 @@ impl<S> ToolSet<S> {
         Value::Array(
             self.tools
                 .iter()
-                .map(|t| {
-                    let mut function = Map::new();
-                    function.insert("name".to_owned(), t.def.name().into());
-                    if let Some(description) = description(&t.def) {
-                        function.insert("description".to_owned(), description.into());
-                    }
-                    function.insert("parameters".to_owned(), Value::Object(t.input.clone()));
-                    json!({"type": "function", "function": function})
-                })
+                .map(|t| json!({"type": "function", "function": t.entry("parameters")}))
                 .collect(),
         )
     }
@@ -162,20 +168,7 @@ impl<S> ToolSet<S> {
     /// The tools as Anthropic's Messages API `tools`: `[{"name",
     /// "description", "input_schema"}]`.
     pub fn anthropic_tools(&self) -> Value {
-        Value::Array(
-            self.tools
-                .iter()
-                .map(|t| {
-                    let mut tool = Map::new();
-                    tool.insert("name".to_owned(), t.def.name().into());
-                    if let Some(description) = description(&t.def) {
-                        tool.insert("description".to_owned(), description.into());
-                    }
-                    tool.insert("input_schema".to_owned(), Value::Object(t.input.clone()));
-                    Value::Object(tool)
-                })
-                .collect(),
-        )
+        Value::Array(self.tools.iter().map(|t| Value::Object(t.entry("input_schema"))).collect())
     }
 
     /// The tools as MCP `Tool`s (the `tools` of a `tools/list` answer):
@@ -187,12 +180,7 @@ impl<S> ToolSet<S> {
             self.tools
                 .iter()
                 .map(|t| {
-                    let mut tool = Map::new();
-                    tool.insert("name".to_owned(), t.def.name().into());
-                    if let Some(description) = description(&t.def) {
-                        tool.insert("description".to_owned(), description.into());
-                    }
-                    tool.insert("inputSchema".to_owned(), Value::Object(t.input.clone()));
+                    let mut tool = t.entry("inputSchema");
                     if let Some(output) = &t.output {
                         tool.insert("outputSchema".to_owned(), Value::Object(output.clone()));
                     }

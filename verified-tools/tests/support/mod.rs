@@ -4,6 +4,9 @@
 //! says in one line what is missing and how to get it, and passes without
 //! running.
 
+use std::io::Write;
+use std::sync::Mutex;
+
 pub mod postgres;
 
 /// Whether this run is CI, where every server must be present.
@@ -11,8 +14,18 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// A server the test needs is missing: fail under CI, else let the test
-/// return early (the caller says what is missing, once per test binary).
+/// A server the test needs is missing: fail under CI, else say so in one
+/// line and let the test return early.
+///
+/// The test harness keeps what tests print to itself unless one fails, so
+/// the line goes to the real stderr, once per missing server for all the
+/// tests of the binary that skip.
 pub fn missing(what: &str, how: &str) {
     assert!(!in_ci(), "{what} is required under CI=true but is missing: {how}");
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !said.iter().any(|w| w == what) {
+        said.push(what.to_owned());
+        let _ = writeln!(std::io::stderr(), "skipped: needs {what} ({how})");
+    }
 }

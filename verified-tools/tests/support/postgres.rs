@@ -2,16 +2,12 @@
 //! by `.ci/postgres.sh` (which `.ci/run` sources) and named by
 //! `VT_POSTGRES_URL`, or any server that variable points at.
 
-use std::io::Write;
-use std::sync::Once;
-
 const WHAT: &str = "a PostgreSQL server (VT_POSTGRES_URL)";
 const HOW: &str = "run `eval \"$(bash .ci/postgres.sh)\"`, which installs PostgreSQL if needed, \
                    starts a throwaway server on a free loopback port and exports VT_POSTGRES_URL";
 
 /// The run's server (a tokio-postgres connection string or URL), or `None`
-/// when there is none: under CI that fails the test, elsewhere one line in
-/// the whole test binary says what is missing.
+/// when there is none ([`super::missing`]).
 pub fn url() -> Option<String> {
     if let Ok(url) = std::env::var("VT_POSTGRES_URL")
         && !url.trim().is_empty()
@@ -19,11 +15,5 @@ pub fn url() -> Option<String> {
         return Some(url);
     }
     super::missing(WHAT, HOW);
-    // The test harness keeps what tests print to itself unless one fails:
-    // the line goes to the real stderr, once for all the tests that skip.
-    static SAID: Once = Once::new();
-    SAID.call_once(|| {
-        let _ = writeln!(std::io::stderr(), "skipped: needs {WHAT} ({HOW})");
-    });
     None
 }
