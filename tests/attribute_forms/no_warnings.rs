@@ -155,7 +155,8 @@ impl Svc {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _calls = async move {
         let args = serde_json::json!({"text": "a", "token": "t"});

@@ -40,7 +40,8 @@ async fn check_activated(_crm: &Crm, customer_id: &u64) -> Verdict<Customer> {
     Verdict::Holds(Customer { id: *customer_id })
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _future = async move {
         let result: ToolResult<Customer, CrmError> = activate_customer(&cx, &Crm, 17).await;

@@ -20,7 +20,8 @@ async fn ping() -> Result<(), ErrorClass> {
     Ok(())
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _calls = async {
         let found: ToolResult<Vec<String>, ErrorClass> = search(&cx, "rust").await;

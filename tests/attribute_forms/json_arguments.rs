@@ -28,7 +28,8 @@ pub async fn refund(refund: u64, memo: Option<&str>) -> Result<u64, ErrorClass> 
     Ok(refund + memo.map_or(0, |m| m.len() as u64))
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let args = serde_json::json!({
         "to": "bob@example.com",

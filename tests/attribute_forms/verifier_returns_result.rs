@@ -1,5 +1,5 @@
 //! A verifier may return `Result<Verdict<T>, E>`: a failed read is Unknown.
-use verified_tools::{Classify, ErrorClass, Verdict, verified_tool};
+use verified_tools::{Classify, Context, ErrorClass, ToolResult, Verdict, verified_tool};
 
 #[derive(Debug)]
 pub enum DbError {
@@ -28,6 +28,12 @@ async fn read_row(_table: &str, _id: &u64) -> Result<Verdict<()>, DbError> {
     Err(DbError::Down)
 }
 
-fn main() {
-    let _ = delete_row_spec();
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_leaves_an_irreversible_call_in_doubt() {
+    let cx = Context::new("agent");
+    let result = delete_row(&cx, "rows", 1).await;
+    // The answer was lost and the verifier could not read: escalated, not
+    // retried, not reported as a success or as not applied.
+    assert!(matches!(result, ToolResult::Escalated { .. }), "{result:?}");
+    assert_eq!(delete_row_spec().name, "delete_row");
 }

@@ -11,7 +11,8 @@ async fn check(r#type: &String, r#ref: &u32) -> Verdict<u32> {
     Verdict::Holds(r#type.len() as u32 + *r#ref)
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _future = async move {
         let result: ToolResult<u32, ErrorClass> = label(&cx, "invoice".to_owned(), 3).await;

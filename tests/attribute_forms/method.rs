@@ -45,7 +45,8 @@ mod checks {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let mailer = Mailer { sent: Default::default() };
     let _calls = async {

@@ -30,7 +30,8 @@ async fn charged(
     Verdict::Holds(*amount_cents)
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let client = HttpClient;
     let _call = async {

@@ -45,13 +45,14 @@ pub async fn boxed(text: &str) -> Result<usize, Box<dyn std::error::Error + Send
 pub struct Client;
 
 impl Client {
-    #[verified_tool(side_effect = "none", classify = crate::classify_http)]
+    #[verified_tool(side_effect = "none", classify = self::classify_http)]
     pub async fn get(&self, id: u64) -> Result<u64, ForeignError> {
         Ok(id)
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _calls = async move {
         let a: ToolResult<u64, ForeignError> = post(&cx, 1).await;

@@ -27,7 +27,8 @@ async fn check(order: &u64) -> Verdict<u64> {
     Verdict::Holds(*order)
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let spec = charge_spec();
     assert_eq!(spec.settle, Some(Duration::from_secs(2)));
     assert_eq!(spec.call_timeout, Some(Duration::from_secs(60)));

@@ -59,7 +59,8 @@ impl Crm {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let set = ToolSet::new(App { crm: Crm, mailer: Arc::new(Mailer) })
         .with(open_ticket_tool())
         .with(Crm::count_tool());

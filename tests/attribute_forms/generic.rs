@@ -21,7 +21,8 @@ async fn echo<'a>(text: &'a str, times: usize) -> Result<String, ErrorClass> {
     Ok(text.repeat(times))
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     let _calls = async {
         let r: ToolResult<String, ErrorClass> = store(&cx, 1, "v".to_owned()).await;

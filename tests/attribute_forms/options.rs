@@ -27,7 +27,8 @@ async fn other(id: u64) -> Result<u64, ErrorClass> {
 
 fn assert_send<F: Send>(_: F) {}
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let cx = Context::new("agent");
     assert_send(async move {
         let r: ToolResult<u64, ErrorClass> = activate(&cx, 1).await;
