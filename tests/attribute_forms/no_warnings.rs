@@ -81,7 +81,8 @@ async fn sent(n: u32) -> Result<u32, ApiError> {
 
 #[verified_tool(side_effect = "none")]
 async fn parsed(text: &str) -> Result<u32, ApiError> {
-    Ok(text.parse::<u32>().map_err(|_| ApiError)?)
+    let n = text.parse::<u32>().map_err(|_| ApiError)?;
+    Ok(n)
 }
 
 #[verified_tool(side_effect = "high", verify = always)]
