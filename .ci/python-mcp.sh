@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The official Python MCP SDK for tests/mcp.rs: creates the virtualenv
+# The official Python MCP SDK for integration/tests/mcp.rs: creates the virtualenv
 # .venv-mcp with a pinned `mcp` if it is missing (or holds another version),
 # and prints the path of its python, for
 #

@@ -5,7 +5,7 @@
 //! cargo run --release --example agent                       # the README's grid, 2000 episodes per cell
 //! cargo run --release --example agent -- --episodes 25      # the paper's size
 //! cargo run --release --example agent -- --detail --json out.json
-//! cargo run --release --example agent -- --episodes 20 --ledger redis://127.0.0.1:6379/
+//! cargo run --release --example agent --features redis -- --episodes 20 --ledger redis://127.0.0.1:6379/
 //! cargo run --release --example agent -- --legacy-faults    # the earlier simulator
 //! cargo run --release --example agent -- --planner openai --base-url http://localhost:11434/v1 \
 //!     --model qwen2.5:7b-instruct --levels medium       # a model plans, over the tool set
@@ -77,7 +77,8 @@ struct Args {
           default_value = "activate_customer,record_invoice")]
     tasks: Vec<TaskKind>,
     /// Where calls are recorded: memory (a ledger per episode), sqlite:PATH
-    /// or redis://HOST:PORT/ (one ledger for the whole run).
+    /// or redis://HOST:PORT/ (one ledger for the whole run; these two need
+    /// the features `sqlite` and `redis`: `--features sqlite,redis`).
     #[arg(long, default_value = "memory")]
     ledger: LedgerChoice,
     /// Print the full table: confidence intervals, Cohen's h, calls, verifier

@@ -4,9 +4,6 @@
 //! paper's timeouts, the JSON's fixed fields, and single episodes whose
 //! counts are computed by hand.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
 use verified_tools::UnknownReason;
@@ -509,37 +506,26 @@ fn the_figure_has_one_legend_titles_and_axes() {
     assert_eq!((count("100"), count(&top.to_string())), (2, 2 + on_success_axis), "top {top}");
 }
 
-/// The grid, with every call recorded in one shared store instead of a
-/// memory ledger per episode: the same outcomes, cell by cell (the store is
-/// only where the records live). SQLite always; Redis when there is one.
+/// `--ledger sqlite:PATH` and `--ledger redis://..` need the package's
+/// features of those names; without them the choice parses (so `--help` and
+/// the error name it) and opening it says which feature to add. The grid on
+/// a shared store is `integration/tests/shared_ledger.rs`.
 #[test]
-fn a_shared_store_ledger_gives_the_grid_a_memory_ledger_gives() {
-    let config = Config {
-        episodes: 12,
-        levels: vec![FaultLevel::High],
-        methods: vec![Method::RetryOnly, Method::VerifyBeforeRetry, Method::VbrNeither],
-        ..Config::default()
-    };
-    let memory = experiment::run(&config, &|_| {}).expect("memory");
+fn a_store_left_out_of_the_build_says_which_feature_brings_it() {
     let dir = std::env::temp_dir().join(format!("vt-experiment-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut stores = vec![LedgerChoice::Sqlite(dir.join("ledger.db"))];
-    let redis = support::redis::RedisServer::shared();
-    if let Some(redis) = &redis {
-        stores.push(LedgerChoice::Redis(redis.url.clone()));
+    let sqlite: LedgerChoice = format!("sqlite:{}", dir.join("l.db").display()).parse().unwrap();
+    let opened = sqlite.open();
+    if cfg!(feature = "sqlite") {
+        assert!(opened.expect("a SQLite file opens").is_some());
+    } else {
+        let e = opened.err().expect("no SQLite in this build");
+        assert!(e.contains("--features sqlite"), "{e}");
     }
-    for ledger in stores {
-        let shared = Config { ledger: ledger.clone(), ..config.clone() };
-        let results = experiment::run(&shared, &|_| {}).expect("the store opens");
-        for (a, b) in memory.cells.iter().zip(&results.cells) {
-            assert_eq!(
-                (a.stats.successes, a.stats.duplicates, a.stats.false_successes),
-                (b.stats.successes, b.stats.duplicates, b.stats.false_successes),
-                "{ledger:?}: {:?} {:?}",
-                a.task,
-                a.method
-            );
-        }
+    if !cfg!(feature = "redis") {
+        let redis: LedgerChoice = "redis://127.0.0.1:1/".parse().unwrap();
+        let e = redis.open().err().expect("no Redis client in this build");
+        assert!(e.contains("--features redis"), "{e}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -286,7 +286,7 @@ impl<T> fmt::Debug for LedgerFuture<'_, T> {
 }
 
 /// Storage of call records, keyed by idempotency key. See the [module
-/// docs](self) for the rules every backend keeps; `tests/ledger_conformance.rs`
+/// docs](self) for the rules every backend keeps; `tests/ledger_conformance/`
 /// checks them against each backend.
 pub trait Ledger: Send + Sync {
     /// Looks the key up (and [`ClaimRequest::previous`]) and, when free or

@@ -1,13 +1,18 @@
-//! What the runtime's integration tests share: finding the real servers they
-//! need. Under `CI=true` (set by `.ci/run`, which installs and starts every
-//! server) a missing server fails the test; on a newcomer's machine the test
-//! says in one line what is missing and how to get it, and passes without
-//! running.
+//! What the integration tests share: finding the real servers they need
+//! (Redis, PostgreSQL, the Python MCP SDK). Under `CI=true` (set by
+//! `.ci/run`, which installs and starts every server) a missing server fails
+//! the test; on a newcomer's machine the test says in one line what is
+//! missing and how to get it, and passes without running.
+//!
+//! The tests of `integration/` include this file too (`#[path]`): that
+//! package is not published, so it may reach into this one's tests.
+#![allow(dead_code)]
 
 use std::io::Write;
 use std::sync::Mutex;
 
 pub mod postgres;
+pub mod redis;
 
 /// Whether this run is CI, where every server must be present.
 pub fn in_ci() -> bool {

@@ -1,4 +1,4 @@
-"""The official Python MCP SDK as a client of `cargo run --example mcp_server`.
+"""The official Python MCP SDK as a client of `cargo run -p integration --bin mcp_server`.
 
 Run by `tests/mcp.rs`, which finds the built server, picks a seed whose
 first `create_customer` loses its answer (a late arrival that lands
@@ -7,7 +7,7 @@ client starts the server (`--server`); over streamable HTTP it connects to
 one the test started (`--url`). Every check raises on failure; the last line
 of stdout is a JSON summary.
 
-    python tests/mcp_client.py --server target/debug/examples/mcp_server \
+    python tests/mcp_client.py --server target/debug/mcp_server \
         --level extreme --seed 123 --late-ms 3500
     python tests/mcp_client.py --url http://127.0.0.1:8080/mcp --seed 123 --late-ms 3500
 """

@@ -4,7 +4,7 @@
 //! dispatch and its record, Redis goes away mid-run. The effects are lines in
 //! a file this test owns: each must be there exactly once.
 
-#[path = "support/mod.rs"]
+#[path = "../../verified-tools/tests/support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;

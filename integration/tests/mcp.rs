@@ -2,7 +2,7 @@
 //!
 //! - rmcp's own client, in-process over a duplex pipe, on paused time;
 //! - the official Python MCP SDK over stdio, against the built
-//!   `mcp_server` example (`tests/mcp_client.py`), when `VT_MCP_PYTHON`
+//!   `mcp_server` binary of this package (`tests/mcp_client.py`), when `VT_MCP_PYTHON`
 //!   names a python with the `mcp` package (`.ci/python-mcp.sh` makes one;
 //!   under `CI=true` its absence fails the test).
 //!
@@ -12,6 +12,7 @@
 //! (replayed, not executed again), and repeat the call in doubt once its
 //! late arrival has landed (verified, not executed again).
 
+#[path = "../../verified-tools/tests/support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;
@@ -181,14 +182,6 @@ async fn rmcp_client_lists_calls_and_replays() {
     serving.await.expect("the server ends");
 }
 
-/// The `mcp_server` example, as `cargo test` built it next to this test.
-fn example_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    // target/<profile>/deps/mcp-<hash> -> target/<profile>/examples/<name>
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
-    profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
-}
-
 /// The python of `VT_MCP_PYTHON` and the built server, or `None` (after
 /// saying what is missing; a failure under `CI=true`).
 fn python_and_server() -> Option<(std::ffi::OsString, PathBuf)> {
@@ -200,14 +193,7 @@ fn python_and_server() -> Option<(std::ffi::OsString, PathBuf)> {
         );
         return None;
     };
-    let server = example_binary("mcp_server");
-    assert!(
-        server.exists(),
-        "{} is missing: `cargo test` builds it with the other examples; \
-         run `cargo build --example mcp_server`",
-        server.display()
-    );
-    Some((python, server))
+    Some((python, PathBuf::from(env!("CARGO_BIN_EXE_mcp_server"))))
 }
 
 /// Runs `tests/mcp_client.py` with `args` and checks its summary.

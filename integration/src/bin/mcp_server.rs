@@ -1,12 +1,12 @@
 //! The simulator's CRM and invoice tools as an MCP server, with their faults.
 //!
 //! ```text
-//! cargo run --example mcp_server                                   # stdio, medium faults, seed 42
-//! cargo run --example mcp_server -- --level extreme --seed 7
-//! cargo run --example mcp_server -- --http 127.0.0.1:8080          # streamable HTTP at /mcp
+//! cargo run -p integration --bin mcp_server                         # stdio, medium faults, seed 42
+//! cargo run -p integration --bin mcp_server -- --level extreme --seed 7
+//! cargo run -p integration --bin mcp_server -- --http 127.0.0.1:8080 # streamable HTTP at /mcp
 //! ```
 //!
-//! Every tool is a `#[verified_tool]` of `src/tools.rs`, listed through
+//! Every tool is a `#[verified_tool]` of the root package's `src/tools.rs`, listed through
 //! `verified_tools_suite::llm::tool_set` and served by
 //! `verified_tools::mcp::McpServer`. The simulated server loses answers
 //! (timeouts after dispatch, late arrivals), hides writes behind a lagging

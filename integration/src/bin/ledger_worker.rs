@@ -1,6 +1,7 @@
-//! A worker process for `tests/processes.rs`: makes logical calls of a
-//! "send mail" tool through a shared ledger, each effect one line appended to
-//! a file the test owns, and prints one line per call.
+//! A worker process for `tests/processes.rs` and the README's two-worker
+//! demo: makes logical calls of a "send mail" tool through a shared ledger,
+//! each effect one line appended to a file the test owns, and prints one
+//! line per call.
 //!
 //! ```text
 //! ledger_worker --ledger sqlite:/tmp/l.db|redis://127.0.0.1:6379/ --effects FILE
