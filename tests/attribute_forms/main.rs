@@ -1,6 +1,6 @@
 //! Every form `#[verified_tool]` accepts compiles, without a warning, and
 //! runs: a module per form. The forms it rejects are the trybuild cases of
-//! `verified-tools-macros/tests/ui/`.
+//! `verified-tools-macros/ui/` (the package `verified-tools-ui`).
 //!
 //! These were trybuild pass cases; trybuild builds each of those as a crate
 //! of its own, one after the other (58 s cold on 2 cores for 13 cases). Here

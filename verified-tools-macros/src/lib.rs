@@ -1,5 +1,7 @@
 //! The `#[verified_tool]` attribute of the `verified-tools` crate; use it
-//! through its re-export `verified_tools::verified_tool`.
+//! through its re-export `verified_tools::verified_tool`, where it is
+//! documented with its examples (they need the runtime, which this crate
+//! cannot depend on).
 //!
 //! The crate is laid out like thiserror's: `parse.rs` reads the attribute
 //! and the signature into typed nodes, `validate.rs` checks the rules,
@@ -17,7 +19,8 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-#[doc = include_str!("doc.md")]
+/// Makes an `async fn` a verified tool call: the idempotency key, the
+/// verify-before-retry wrapper, the retry budget and a typed `ToolResult`.
 #[proc_macro_attribute]
 pub fn verified_tool(args: TokenStream, item: TokenStream) -> TokenStream {
     run(args.into(), item.into()).into()
