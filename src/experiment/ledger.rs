@@ -50,16 +50,19 @@ impl LedgerChoice {
             #[cfg(feature = "redis")]
             Self::Redis(url) => Ok(Some(Arc::new(super::redis::RealTime::connect(url)?))),
             #[cfg(not(feature = "sqlite"))]
-            Self::Sqlite(_) => Err(left_out("SQLite", "sqlite", "sqlite:PATH")),
+            Self::Sqlite(path) => {
+                Err(left_out("SQLite", "sqlite", format_args!("sqlite:{}", path.display())))
+            }
             #[cfg(not(feature = "redis"))]
-            Self::Redis(_) => Err(left_out("Redis", "redis", "redis://HOST:PORT/")),
+            Self::Redis(url) => Err(left_out("Redis", "redis", url)),
         }
     }
 }
 
-/// What `open` says of a store this build left out.
+/// What `open` says of a store this build left out: the command that
+/// brings it, with the user's own `--ledger`.
 #[cfg(not(all(feature = "sqlite", feature = "redis")))]
-fn left_out(store: &str, feature: &str, choice: &str) -> String {
+fn left_out(store: &str, feature: &str, choice: impl std::fmt::Display) -> String {
     format!(
         "this build has no {store} ledger: run `cargo run --release --example agent \
          --features {feature} -- --ledger {choice}`"
