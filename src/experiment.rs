@@ -291,7 +291,17 @@ pub async fn episode_traced(spec: &EpisodeSpec, shared: Option<&Shared>) -> (Epi
     let (server, oracle) = SimServer::new(spec.server());
     let client = SimClient::new(server, method.forwards_keys());
     let settle = spec.settle_margin();
-    let cx = Context::new("example-agent")
+    // Every episode has a world of its own: in a shared store its calls are
+    // those of an agent of its own, so that a declared effect identity
+    // (`key(customer)`) never meets another world's customer of that id.
+    let (agent, run) = match shared {
+        Some(shared) => {
+            let run = format!("{}-{}-{method}-{}", shared.run, spec.task.kind().name(), spec.seed);
+            (format!("example-agent/{run}"), run)
+        }
+        None => ("example-agent".to_owned(), format!("episode-{}", spec.seed)),
+    };
+    let cx = Context::new(agent)
         .with_mode(method.mode())
         .map_policies(|_, p| {
             p.with_verify(settings.verify)
@@ -299,12 +309,9 @@ pub async fn episode_traced(spec: &EpisodeSpec, shared: Option<&Shared>) -> (Epi
                 .with_settle(settle)
         })
         .with_clock(Arc::new(TokioClock::starting_at(0)));
-    let (cx, run) = match shared {
-        Some(shared) => (
-            cx.with_ledger(Arc::clone(&shared.ledger)),
-            format!("{}-{}-{method}-{}", shared.run, spec.task.kind().name(), spec.seed),
-        ),
-        None => (cx, format!("episode-{}", spec.seed)),
+    let cx = match shared {
+        Some(shared) => cx.with_ledger(Arc::clone(&shared.ledger)),
+        None => cx,
     };
     let mut planner = TaskPlanner::new(spec.task, method.replans(settings.replans))
         .with_reissues(settings.reissues, settings.reissue_after);

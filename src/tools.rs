@@ -99,6 +99,7 @@ impl SimClient {
     side_effect = "high",
     verify = customer_exists,
     skip(client),
+    key(customer),
     schema = true,
     params(customer = "The customer's id.")
 )]
@@ -166,6 +167,7 @@ async fn customer_active(
     side_effect = "high",
     verify = exactly_one_welcome,
     skip(client),
+    key(customer),
     schema = true,
     params(customer = "The customer's id.")
 )]
@@ -235,6 +237,7 @@ async fn row_written(
     side_effect = "high",
     verify = record_created,
     skip(client),
+    key(record),
     verify_response = true,
     schema = true,
     params(record = "The record's id.", invoice_id = "The invoice number.", amount = "The amount in cents.")

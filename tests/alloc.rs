@@ -189,9 +189,10 @@ fn success_path_with_default_timeout_does_not_allocate() {
 
 #[test]
 fn ledger_allocations_per_call() {
-    let fresh = no_timeout(Context::new("agent"))
-        .with_ledger(Arc::new(MemoryLedger::new()))
-        .for_step("run-1", 1);
+    // The default scope (a time bucket): its key commits to the arguments,
+    // so each `seq` is a fresh key. (A run step names one request: other
+    // arguments under it are refused as a key reuse.)
+    let fresh = no_timeout(Context::new("agent")).with_ledger(Arc::new(MemoryLedger::new()));
     // Past the first growth of its 64 shards (maps and expiry queues): the
     // steady state of a long-running ledger.
     let per_fresh = allocs_per_call_after(&fresh, false, Proof::Response, 20_000);

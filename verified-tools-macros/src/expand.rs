@@ -41,10 +41,28 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
         .filter(|(i, p)| p.is_argument() && !tool.skipped[*i])
         .filter_map(|(i, p)| Some((p.ident.as_ref()?, p, tool.secret[i])))
         .collect();
-    let key_vars: Vec<Ident> = key_params
+    let var = |name: &Ident| Ident::new(&format!("__vt_{}", name.unraw()), Span::mixed_site());
+    let key_vars: Vec<Ident> = key_params.iter().map(|(name, _, _)| var(name)).collect();
+    // `key(..)`: the key is derived from these alone, in declaration order;
+    // the fingerprint from every key-relevant parameter.
+    let effect_vars: Vec<Ident> = tool
+        .func
+        .params
         .iter()
-        .map(|(name, _, _)| Ident::new(&format!("__vt_{}", name.unraw()), Span::mixed_site()))
+        .zip(&tool.effect_key)
+        .filter(|(_, on)| **on)
+        .filter_map(|(p, _)| p.ident.as_ref().map(var))
         .collect();
+    let payload = if effect_vars.is_empty() {
+        quote!(let __vt_payload = (#(#key_vars,)*);)
+    } else {
+        quote! {
+            let __vt_all = (#(#key_vars,)*);
+            let __vt_effect = (#(#effect_vars,)*);
+            let __vt_payload =
+                ::verified_tools::key::Effect { identity: &__vt_effect, args: &__vt_all };
+        }
+    };
     let key_imports = (!key_params.is_empty()).then(|| {
         quote! {
             #[allow(unused_imports)]
@@ -120,7 +138,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             const __VT_SPEC: &::verified_tools::ToolSpec = &#spec;
             #key_imports
             #(#key_borrows)*
-            let __vt_payload = (#(#key_vars,)*);
+            #payload
             #[derive(::verified_tools::__private::Serialize)]
             #[serde(crate = "::verified_tools::__private::serde")]
             struct __VtArgs #audit_generics {
@@ -450,6 +468,16 @@ fn spec(tool: &Tool) -> TokenStream {
     let bucket =
         tool.bucket_ms.map(|ms| quote!(.with_bucket(::core::time::Duration::from_millis(#ms))));
     let verify_response = tool.verify_response.map(|on| quote!(.with_verify_response(#on)));
+    let effect_names: Vec<String> = tool
+        .func
+        .params
+        .iter()
+        .zip(&tool.effect_key)
+        .filter(|(_, on)| **on)
+        .filter_map(|(p, _)| p.ident.as_ref().map(|i| i.unraw().to_string()))
+        .collect();
+    let effect_key =
+        (!effect_names.is_empty()).then(|| quote!(.with_effect_key(&[#(#effect_names),*])));
     let params =
         tool.func.params.iter().enumerate().filter(|(_, p)| p.is_argument()).map(|(i, p)| {
             let name = p.ident.as_ref().map(|i| i.unraw().to_string()).unwrap_or_default();
@@ -461,6 +489,7 @@ fn spec(tool: &Tool) -> TokenStream {
     quote! {
         ::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::#variant)
             #description #verifier #retries #timeout #call_timeout #settle #bucket #verify_response
+            #effect_key
             .with_params(&[#(#params),*])
     }
 }

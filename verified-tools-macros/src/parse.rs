@@ -32,6 +32,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "name",
     "skip",
     "secret",
+    "key",
     "verify_response",
     "verify_key",
     "send",
@@ -117,6 +118,8 @@ pub(crate) struct Args {
     pub name: Option<LitStr>,
     pub skip: Option<NameList>,
     pub secret: Option<NameList>,
+    /// `key(order)`: the effect identity.
+    pub key: Option<NameList>,
     pub verify_response: Option<LitBool>,
     pub verify_key: Option<LitBool>,
     pub send: Option<LitBool>,
@@ -209,7 +212,7 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
             continue;
         }
         if seen.contains(&name) {
-            let fix = if name == "skip" || name == "secret" {
+            let fix = if matches!(name.as_str(), "skip" | "secret" | "key") {
                 format!("list all names in one `{name}(a, b)`")
             } else {
                 "remove one of them".to_owned()
@@ -309,12 +312,12 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                     }
                 }
             }
-            "skip" | "secret" => {
+            "skip" | "secret" | "key" => {
                 let list = name_list(&key, value, cx);
-                if name == "skip" {
-                    args.skip = list;
-                } else {
-                    args.secret = list;
+                match name.as_str() {
+                    "skip" => args.skip = list,
+                    "secret" => args.secret = list,
+                    _ => args.key = list,
                 }
             }
             "params" => args.params = param_docs(&key, value, cx),

@@ -38,6 +38,9 @@ pub(crate) struct Tool {
     pub skipped: Vec<bool>,
     /// Per parameter of `func.params`: redacted in the audit.
     pub secret: Vec<bool>,
+    /// Per parameter of `func.params`: part of the declared effect identity
+    /// (`key(..)`); all `false` when none is declared.
+    pub effect_key: Vec<bool>,
     /// `(T, E)` of the `Result<T, E>` return type.
     pub ok: Type,
     pub err: Type,
@@ -139,6 +142,22 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             }
         }
     }
+    let effect_key = names(&func, args.key.as_ref(), "key", cx);
+    if let Some(list) = &args.key {
+        for name in &list.names {
+            let skipped_too =
+                func.params.iter().zip(&skipped).any(|(p, s)| *s && p.ident.as_ref() == Some(name));
+            if skipped_too {
+                cx.error(
+                    name.span(),
+                    format!(
+                        "`{name}` is skipped, so it is not an argument of the call and cannot name \
+                         its action: remove it from `key(..)`, or from `skip(..)` if it is an argument"
+                    ),
+                );
+            }
+        }
+    }
     let result = func.result.clone();
     match (class, result) {
         (Some(class), Some((ok, err))) if !cx.has_errors() => Ok(Tool {
@@ -163,6 +182,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             send: args.send.is_some_and(|l| l.value),
             skipped,
             secret,
+            effect_key,
             ok,
             err,
         }),

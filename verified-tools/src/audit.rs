@@ -75,6 +75,13 @@ pub enum CallIdentity<'a> {
     },
     /// A time bucket of this width, in ms.
     Bucket(u64),
+    /// A time bucket of this width (ms) within one session or principal.
+    Window {
+        /// The session or principal.
+        within: &'a str,
+        /// The bucket width, in ms.
+        width_ms: u64,
+    },
     /// A key the caller chose.
     Explicit,
 }
@@ -86,6 +93,9 @@ impl<'a> CallIdentity<'a> {
             KeyScope::Durable { run, step } => Self::Step { run, step: *step },
             KeyScope::TimeBucket(width) => Self::Bucket(width.as_millis() as u64),
             KeyScope::Explicit(_) => Self::Explicit,
+            KeyScope::Window { within, width } => {
+                Self::Window { within, width_ms: width.as_millis() as u64 }
+            }
         }
     }
 }
@@ -101,6 +111,10 @@ impl Serialize for CallIdentity<'_> {
                 map.serialize_entry("step", &step)?;
             }
             Self::Bucket(ms) => map.serialize_entry("bucket_ms", &ms)?,
+            Self::Window { within, width_ms } => {
+                map.serialize_entry("session", within)?;
+                map.serialize_entry("bucket_ms", &width_ms)?;
+            }
             Self::Explicit => map.serialize_entry("explicit_key", &true)?,
         }
         map.end()
@@ -120,8 +134,13 @@ pub struct AuditEvent<'a> {
     /// The call's key (none if the payload could not be serialized).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<IdempotencyKey>,
-    /// What the key was derived from.
+    /// The request identity: which request of the conversation asked.
     pub call: CallIdentity<'a>,
+    /// The tool's declared effect identity (`#[verified_tool(key(..))]`):
+    /// the parameters the key was derived from instead of the request
+    /// identity. Left out when the tool declares none.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub effect_key: &'static [&'static str],
     /// The state entered.
     pub state: CallState,
     /// Attempts dispatched under the key so far.

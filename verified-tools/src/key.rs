@@ -6,18 +6,30 @@
 //! wire format: golden vectors in `tests/key_golden.rs` pin it across versions
 //! and platforms.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! The key is xxh3-128 of one byte string, written in a single streaming pass
 //! (no intermediate buffer beyond a 256-byte stack window):
 //!
 //! ```text
-//! key     = xxh3_128( "vtk1" ‖ str(agent) ‖ str(action) ‖ scope ‖ encoding(payload) )
+//! prefix  = "vtk2" ‖ str(agent) ‖ str(action)
 //! str(s)  = len(s) as unsigned LEB128, shortest form ‖ UTF-8 bytes of s
-//! scope   = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE     (time bucket)
-//!         | 0x01 ‖ str(run) ‖ step as u64 LE                                 (durable identity)
-//!         | 0x03 ‖ str(tool call id)                                         (tool call)
+//! bucket  = 0x00 ‖ bucket width in ms as u64 LE ‖ bucket index as u64 LE
+//!
+//! key     = xxh3_128( prefix ‖ bucket ‖ encoding(payload) )                     (time bucket)
+//!         | xxh3_128( prefix ‖ 0x05 ‖ str(session) ‖ bucket ‖ encoding(payload) ) (session window)
+//!         | xxh3_128( prefix ‖ 0x01 ‖ str(run) ‖ step as u64 LE )                  (durable identity)
+//!         | xxh3_128( prefix ‖ 0x03 ‖ str(tool call id) )                          (tool call)
+//!         | xxh3_128( prefix ‖ 0x04 ‖ encoding(effect identity) )                  (declared effect identity)
+//! fingerprint = the key itself                                  (time bucket, session window)
+//!             | xxh3_128( prefix ‖ 0x02 ‖ encoding(payload) )   (every other identity)
 //! ```
+//!
+//! A request identity (run step, tool-call id, explicit key) or a declared
+//! effect identity names the call by itself: its key does not commit to the
+//! arguments, and the fingerprint the ledger keeps does, so the same
+//! identity with other arguments is refused as a key reuse. (Version 1,
+//! `"vtk1"`, hashed the payload into every key.)
 //!
 //! (LEB128: seven bits per byte, low group first, the high bit set on every
 //! byte but the last; a length below 128 is one byte.)
@@ -25,12 +37,17 @@
 //! `encoding(payload)` is the self-delimiting, type-tagged, little-endian
 //! encoding of the key-relevant arguments that the [`payload`] module
 //! documents, produced by a `serde::Serializer` that streams into the hasher.
-//! An explicit key ([`KeyScope::Explicit`]) is used as given; the payload
-//! fingerprint the ledger keeps with it is then xxh3-128 of
-//! `"vtk1" ‖ str(agent) ‖ str(action) ‖ 0x02 ‖ encoding(payload)`.
+//! An explicit key ([`KeyScope::Explicit`]) is used as given, with the
+//! fingerprint above.
 
 pub mod payload;
 mod sink;
+
+/// The format version, first in every hashed string: a change of what a key
+/// commits to is a new version, so that a key persisted by one build never
+/// means another call to the next. Version 2 derives request and effect
+/// identities without the payload (version 1 hashed it into every key).
+const FORMAT: &[u8] = b"vtk2";
 
 use std::fmt;
 use std::str::FromStr;
@@ -74,7 +91,7 @@ impl IdempotencyKey {
     /// `unix_ms` is the current time in milliseconds since the Unix epoch; it
     /// only matters for [`KeyScope::TimeBucket`]. Fails only when the payload
     /// cannot be serialized, before anything is dispatched.
-    pub fn derive<P: Serialize + ?Sized>(
+    pub fn derive<P: Payload + ?Sized>(
         agent: &str,
         action: &str,
         payload: &P,
@@ -88,10 +105,16 @@ impl IdempotencyKey {
     /// time-bucketed scope, the key the same call had in the previous bucket
     /// (so a re-issue across a bucket edge is still found in the ledger).
     ///
-    /// A derived key already commits to the payload, so it is its own
-    /// fingerprint; an explicit key does not, so its payload is hashed.
+    /// One rule decides what the key commits to: the *identity* of the
+    /// call. A declared effect identity ([`Effect`]) or a request identity
+    /// (a tool-call id, a run step, an explicit key) names the call by
+    /// itself, so the key is derived from it alone and the fingerprint from
+    /// the whole payload: the same identity with other arguments is then a
+    /// mismatch the ledger refuses, not a new call. A time bucket names
+    /// nothing, so its key commits to the payload and is its own
+    /// fingerprint.
     #[inline]
-    pub(crate) fn derive_call<P: Serialize + ?Sized>(
+    pub(crate) fn derive_call<P: Payload + ?Sized>(
         agent: &str,
         action: &str,
         payload: &P,
@@ -99,65 +122,94 @@ impl IdempotencyKey {
         unix_ms: u64,
         with_previous: bool,
     ) -> Result<Derived, KeyError> {
+        let args = payload.args();
+        if let Some(effect) = payload.effect() {
+            let key = Self::hash(agent, action, |h| {
+                h.sink().byte(0x04);
+                h.encode(effect)
+            })?;
+            let fingerprint = fingerprint(agent, action, args)?;
+            return Ok(Derived { key: Self(key), fingerprint, previous: None });
+        }
         // Built in place and only borrowed from here on: moving the hasher
         // would copy its stack window.
         let mut h = PayloadHasher::new();
         let sink = h.sink();
-        sink.update(b"vtk1");
+        sink.update(FORMAT);
         sink.len_bytes(agent.as_bytes());
         sink.len_bytes(action.as_bytes());
-        let mut previous_bucket = None;
-        match scope {
+        let width = match scope {
             KeyScope::Explicit(key) => {
-                // The explicit key commits to nothing, so the fingerprint must
-                // commit to everything: agent, action and payload. Another
-                // tool reusing the key is then a mismatch, not a replay.
-                sink.byte(0x02);
-                h.encode(payload)?;
-                let fingerprint = PayloadDigest::from_u128(h.digest128());
+                let fingerprint = fingerprint(agent, action, args)?;
                 return Ok(Derived { key: *key, fingerprint, previous: None });
-            }
-            KeyScope::TimeBucket(width) => {
-                // A zero width would divide by zero; treat it as 1 ms buckets.
-                let width_ms = (width.as_millis() as u64).max(1);
-                sink.tagged_fixed(0x00, width_ms.to_le_bytes());
-                let index = unix_ms / width_ms;
-                if let Some(before) = index.checked_sub(1).filter(|_| with_previous) {
-                    previous_bucket = Some((sink.position(), before));
-                }
-                sink.update(&index.to_le_bytes());
             }
             KeyScope::Durable { run, step } => {
                 sink.byte(0x01);
                 sink.len_bytes(run.as_bytes());
                 sink.update(&step.to_le_bytes());
+                let key = Self(h.digest128());
+                let fingerprint = fingerprint(agent, action, args)?;
+                return Ok(Derived { key, fingerprint, previous: None });
             }
             KeyScope::ToolCall(id) => {
                 sink.byte(0x03);
                 sink.len_bytes(id.as_bytes());
+                let key = Self(h.digest128());
+                let fingerprint = fingerprint(agent, action, args)?;
+                return Ok(Derived { key, fingerprint, previous: None });
             }
+            KeyScope::TimeBucket(width) => *width,
+            KeyScope::Window { within, width } => {
+                sink.byte(0x05);
+                sink.len_bytes(within.as_bytes());
+                *width
+            }
+        };
+        // A zero width would divide by zero; treat it as 1 ms buckets.
+        let width_ms = (width.as_millis() as u64).max(1);
+        let sink = h.sink();
+        sink.tagged_fixed(0x00, width_ms.to_le_bytes());
+        let index = unix_ms / width_ms;
+        let mut previous_bucket = None;
+        if let Some(before) = index.checked_sub(1).filter(|_| with_previous) {
+            previous_bucket = Some((sink.position(), before));
         }
-        h.encode(payload)?;
+        sink.update(&index.to_le_bytes());
+        h.encode(args)?;
         let key = h.digest128();
-        let previous = match (previous_bucket, scope) {
-            (Some((at, before)), KeyScope::TimeBucket(width)) => {
+        let previous = match previous_bucket {
+            Some((at, before)) => {
                 let patched =
                     at.and_then(|at| h.sink().digest128_patched(at, before.to_le_bytes()));
                 // Spilled past the stack window: derive it again.
-                let width_ms = (width.as_millis() as u64).max(1);
-                let again = || {
-                    let earlier = before.saturating_mul(width_ms);
-                    Self::derive(agent, action, payload, scope, earlier).map(|k| k.0)
-                };
                 let k = match patched {
                     Some(k) => k,
-                    None => again()?,
+                    None => {
+                        let earlier = before.saturating_mul(width_ms);
+                        Self::derive_call(agent, action, args, scope, earlier, false)?.key.0
+                    }
                 };
                 Some((Self(k), PayloadDigest::from_u128(k)))
             }
-            _ => None,
+            None => None,
         };
         Ok(Derived { key: Self(key), fingerprint: PayloadDigest::from_u128(key), previous })
+    }
+
+    /// xxh3-128 of `"vtk2" ‖ str(agent) ‖ str(action) ‖ rest`.
+    #[inline]
+    fn hash(
+        agent: &str,
+        action: &str,
+        rest: impl FnOnce(&mut PayloadHasher) -> Result<(), KeyError>,
+    ) -> Result<u128, KeyError> {
+        let mut h = PayloadHasher::new();
+        let sink = h.sink();
+        sink.update(FORMAT);
+        sink.len_bytes(agent.as_bytes());
+        sink.len_bytes(action.as_bytes());
+        rest(&mut h)?;
+        Ok(h.digest128())
     }
 
     /// The key as 32 lowercase hex digits, without allocating.
@@ -249,21 +301,131 @@ pub(crate) struct Derived {
     pub(crate) previous: Option<(IdempotencyKey, PayloadDigest)>,
 }
 
-/// What, besides agent, action and payload, separates one logical call from
-/// another with the same arguments.
+/// The fingerprint of a payload whose key does not commit to it:
+/// `"vtk2" ‖ str(agent) ‖ str(action) ‖ 0x02 ‖ encoding(payload)`. It
+/// commits to agent and action as well, so another tool reusing the key is
+/// a mismatch, not a replay.
+fn fingerprint<A: Serialize + ?Sized>(
+    agent: &str,
+    action: &str,
+    args: &A,
+) -> Result<PayloadDigest, KeyError> {
+    IdempotencyKey::hash(agent, action, |h| {
+        h.sink().byte(0x02);
+        h.encode(args)
+    })
+    .map(PayloadDigest::from_u128)
+}
+
+/// What a call's key is derived from: its key-relevant arguments and, when
+/// the tool declares one, its *effect identity* (the arguments that name
+/// the business action, `#[verified_tool(key(order))]`).
 ///
-/// Which to use:
+/// Every `Serialize` type is a payload without an effect identity (the key
+/// then follows the call's [`KeyScope`]); [`Effect`] is one with.
+pub trait Payload {
+    /// The effect identity's type.
+    type Effect: Serialize + ?Sized;
+    /// The arguments' type.
+    type Args: Serialize + ?Sized;
+    /// The arguments that name the business action, if the tool declares them.
+    fn effect(&self) -> Option<&Self::Effect>;
+    /// Every key-relevant argument: what the payload fingerprint commits to.
+    fn args(&self) -> &Self::Args;
+}
+
+impl<T: Serialize + ?Sized> Payload for T {
+    type Effect = ();
+    type Args = T;
+    #[inline(always)]
+    fn effect(&self) -> Option<&()> {
+        None
+    }
+    #[inline(always)]
+    fn args(&self) -> &T {
+        self
+    }
+}
+
+/// A payload with an effect identity: the key is derived from `identity`
+/// alone (with agent and action), whatever the call's [`KeyScope`], so every
+/// request for the same business action (a new tool-call id, another MCP
+/// session, another process, a day later) meets the same key; the
+/// fingerprint commits to `args`, so the same action with other arguments
+/// (another amount for the same order) is refused as a key reuse.
 ///
-/// | the caller has | scope | a repeat with the same arguments is |
-/// |---|---|---|
-/// | an LLM provider's tool-call id | [`ToolCall`](KeyScope::ToolCall) (`Context::for_tool_call`) | the same call only with the same id |
-/// | a durable run id and step number | [`Durable`](KeyScope::Durable) (`Context::for_step`) | the same call only at the same step |
-/// | its own key for the action | [`Explicit`](KeyScope::Explicit) (`Context::for_key`) | the same call only with the same key |
-/// | nothing | [`TimeBucket`](KeyScope::TimeBucket) (the default, 5 min) | the same call within about one bucket |
+/// ```text
+/// key         = xxh3_128( "vtk2" ‖ str(agent) ‖ str(action) ‖ 0x04 ‖ encoding(identity) )
+/// fingerprint = xxh3_128( "vtk2" ‖ str(agent) ‖ str(action) ‖ 0x02 ‖ encoding(args) )
+/// ```
 ///
-/// A time bucket is a guess at what "the same call" means; prefer an
-/// identity the caller already has.
+/// ```
+/// use verified_tools::key::Effect;
+/// use verified_tools::{IdempotencyKey, KeyScope};
+///
+/// let charge = |order: u64, cents: u64, call: &str| {
+///     let payload = Effect { identity: &(order,), args: &(order, cents) };
+///     IdempotencyKey::derive("billing", "charge", &payload, &KeyScope::tool_call(call), 0)
+/// };
+/// // Two tool calls asking for the same charge: one key.
+/// assert_eq!(charge(1001, 2500, "call_A")?, charge(1001, 2500, "call_B")?);
+/// assert_ne!(charge(1001, 2500, "call_A")?, charge(1002, 2500, "call_A")?);
+/// # Ok::<(), verified_tools::KeyError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Effect<'a, K: ?Sized, A: ?Sized> {
+    /// The arguments that name the business action.
+    pub identity: &'a K,
+    /// Every key-relevant argument.
+    pub args: &'a A,
+}
+
+impl<K: Serialize + ?Sized, A: Serialize + ?Sized> Payload for Effect<'_, K, A> {
+    type Effect = K;
+    type Args = A;
+    #[inline(always)]
+    fn effect(&self) -> Option<&K> {
+        Some(self.identity)
+    }
+    #[inline(always)]
+    fn args(&self) -> &A {
+        self.args
+    }
+}
+
+/// The *request identity* of a call: what, besides agent, action and
+/// payload, says which request of the conversation this is, when the tool
+/// declares no effect identity ([`Effect`], `#[verified_tool(key(..))]`).
+///
+/// Two identities answer "is this the same call?":
+///
+/// - the **effect identity** names the business action (the order a payment
+///   is for, the customer a welcome mail goes to): every request for it
+///   meets the same key, so it is done once whoever asks and however often.
+///   Declare it on tools whose effect must happen once per business object:
+///   a payment (`key(order)`), a welcome mail (`key(customer)`);
+/// - the **request identity** (this type) names one request: a provider's
+///   tool-call id, a durable run step, a key the caller chose. Use it alone
+///   for tools whose repeats are legitimate (a reminder: each request is a
+///   new reminder): a repeat is a new effect exactly when its request
+///   identity is new.
+///
+/// | the caller has | scope | a repeat with the same arguments is | the same identity with other arguments |
+/// |---|---|---|---|
+/// | an LLM provider's tool-call id | [`ToolCall`](KeyScope::ToolCall) (`Context::for_tool_call`) | the same call only with the same id | refused: [`CallError::KeyReuse`](crate::CallError::KeyReuse) |
+/// | a durable run id and step number | [`Durable`](KeyScope::Durable) (`Context::for_step`) | the same call only at the same step | refused |
+/// | its own key for the action | [`Explicit`](KeyScope::Explicit) (`Context::for_key`) | the same call only with the same key | refused |
+/// | a session, and nothing per request | [`Window`](KeyScope::Window) | the same call within about one window of that session | another call |
+/// | nothing | [`TimeBucket`](KeyScope::TimeBucket) (the default, 5 min) | the same call within about one bucket | another call |
+///
+/// The first three name the request, so the key is derived from them alone
+/// and the arguments go into the fingerprint the ledger checks. A time
+/// bucket is a guess at what "the same call" means: calls more than two
+/// widths apart are always different calls, so a retry ten minutes later is
+/// a second effect. Prefer an identity the caller already has, and declare
+/// an effect identity on tools that must never repeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyScope {
     /// Calls in the same time bucket of this width are the same logical call
     /// (the paper's `timestamp_bucket`). The bucket is read once per logical
@@ -290,6 +452,17 @@ pub enum KeyScope {
     /// the same thing makes two calls, with two ids; a re-issue of one call
     /// (after a crash, a dropped connection) keeps its id.
     ToolCall(String),
+    /// A time bucket within one session or principal (`within`): two
+    /// sessions never share a call, and within one, calls with the same
+    /// arguments less than one `width` apart are the same call (a client's
+    /// cancel-and-re-send after a timeout). What an MCP server uses for a
+    /// `tools/call` that carries no id.
+    Window {
+        /// The session or principal.
+        within: String,
+        /// The bucket width.
+        width: Duration,
+    },
 }
 
 impl KeyScope {
@@ -304,6 +477,17 @@ impl KeyScope {
     /// A tool-call id scope.
     pub fn tool_call(id: impl Into<String>) -> Self {
         KeyScope::ToolCall(id.into())
+    }
+
+    /// A time bucket of `width` within the session or principal `within`.
+    pub fn window(within: impl Into<String>, width: Duration) -> Self {
+        KeyScope::Window { within: within.into(), width }
+    }
+
+    /// Whether the scope names the request by itself (so the key does not
+    /// commit to the arguments, and the ledger checks them by fingerprint).
+    pub fn names_the_request(&self) -> bool {
+        matches!(self, KeyScope::Durable { .. } | KeyScope::Explicit(_) | KeyScope::ToolCall(_))
     }
 }
 

@@ -31,6 +31,11 @@ pub struct ToolSpec {
     pub verify_response: Option<bool>,
     /// The parameters the caller passes.
     pub params: &'static [Param],
+    /// The declared effect identity (`#[verified_tool(key(order))]`): the
+    /// parameters that name the business action, which the key is derived
+    /// from instead of the request identity. Empty when the tool declares
+    /// none (each request identity is then its own action).
+    pub effect_key: &'static [&'static str],
 }
 
 impl ToolSpec {
@@ -55,6 +60,7 @@ impl ToolSpec {
             bucket: None,
             verify_response: None,
             params: &[],
+            effect_key: &[],
         }
     }
 
@@ -109,6 +115,14 @@ impl ToolSpec {
     /// Sets the parameter list.
     pub const fn with_params(mut self, params: &'static [Param]) -> Self {
         self.params = params;
+        self
+    }
+
+    /// Sets the effect identity: the names of the parameters that name the
+    /// business action (pass the call's payload as a
+    /// [`key::Effect`](crate::key::Effect) of those parameters).
+    pub const fn with_effect_key(mut self, params: &'static [&'static str]) -> Self {
+        self.effect_key = params;
         self
     }
 }

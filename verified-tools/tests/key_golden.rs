@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
-use verified_tools::key::payload_digest;
+use verified_tools::key::{Effect, payload_digest};
 use verified_tools::{IdempotencyKey, KeyScope};
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -45,7 +45,7 @@ fn string(out: &mut Vec<u8>, s: &str) {
 }
 
 fn key_bytes(agent: &str, action: &str, scope: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut out = b"vtk1".to_vec();
+    let mut out = b"vtk2".to_vec();
     str_(&mut out, agent);
     str_(&mut out, action);
     out.extend_from_slice(scope);
@@ -256,13 +256,16 @@ fn key_matches_the_documented_framing() {
     int(&mut payload, 42);
     payload.push(0xFF);
 
+    // A run step names the request: the key commits to it alone.
     let scope = KeyScope::durable("run-1", 3);
     let mut scope_bytes = vec![0x01];
     str_(&mut scope_bytes, "run-1");
     scope_bytes.extend_from_slice(&3u64.to_le_bytes());
-    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &payload));
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &[]));
     let key = IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &scope, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
+    let other = IdempotencyKey::derive("agent-a", "send_welcome", &(43u64,), &scope, 0).unwrap();
+    assert_eq!(other, key, "the same step with other arguments has the same key");
 
     let bucket = KeyScope::TimeBucket(Duration::from_secs(300));
     let mut bucket_bytes = vec![0x00];
@@ -274,21 +277,42 @@ fn key_matches_the_documented_framing() {
             .unwrap();
     assert_eq!(key.as_u128(), expected);
 
-    // An LLM provider's tool-call id: 0x03 ‖ str(id).
+    // A session window: 0x05 ‖ str(session) ‖ the bucket ‖ the payload.
+    let window = KeyScope::window("mcp-s1", Duration::from_secs(300));
+    let mut window_bytes = vec![0x05];
+    str_(&mut window_bytes, "mcp-s1");
+    window_bytes.extend_from_slice(&bucket_bytes);
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &window_bytes, &payload));
+    let key =
+        IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &window, 1_700_000_123_456)
+            .unwrap();
+    assert_eq!(key.as_u128(), expected);
+
+    // An LLM provider's tool-call id: 0x03 ‖ str(id), without the payload.
     let call = KeyScope::tool_call("call_9xq2");
     let mut call_bytes = vec![0x03];
     str_(&mut call_bytes, "call_9xq2");
-    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &call_bytes, &payload));
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &call_bytes, &[]));
     let key = IdempotencyKey::derive("agent-a", "send_welcome", &(42u64,), &call, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
+
+    // A declared effect identity: 0x04 ‖ encoding(identity), whatever the scope.
+    let effect = Effect { identity: &(42u64,), args: &(42u64, "hello") };
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &[0x04], &payload));
+    for scope in [&call, &bucket, &window, &KeyScope::durable("run-2", 9)] {
+        let key = IdempotencyKey::derive("agent-a", "send_welcome", &effect, scope, 7).unwrap();
+        assert_eq!(key.as_u128(), expected, "{scope:?}");
+    }
 
     // A payload longer than the hasher's stack window takes the streaming path.
     let long = "x".repeat(1000);
     let mut long_payload = vec![0x0E];
     string(&mut long_payload, &long);
     long_payload.push(0xFF);
-    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &scope_bytes, &long_payload));
-    let key = IdempotencyKey::derive("agent-a", "send_welcome", &(&long,), &scope, 0).unwrap();
+    let expected = xxh3_128(&key_bytes("agent-a", "send_welcome", &bucket_bytes, &long_payload));
+    let key =
+        IdempotencyKey::derive("agent-a", "send_welcome", &(&long,), &bucket, 1_700_000_123_456)
+            .unwrap();
     assert_eq!(key.as_u128(), expected);
 
     // Agent, action and run longer than 127 bytes: two-byte lengths.
@@ -297,14 +321,14 @@ fn key_matches_the_documented_framing() {
     let mut scope_bytes = vec![0x01];
     str_(&mut scope_bytes, &run);
     scope_bytes.extend_from_slice(&u64::MAX.to_le_bytes());
-    let expected = xxh3_128(&key_bytes(&agent, &action, &scope_bytes, &payload));
+    let expected = xxh3_128(&key_bytes(&agent, &action, &scope_bytes, &[]));
     let key = IdempotencyKey::derive(&agent, &action, &(42u64,), &scope, 0).unwrap();
     assert_eq!(key.as_u128(), expected);
 }
 
 /// Pinned values. If one of these changes, every key already sent to a
 /// server or stored in a ledger changes meaning: bump the format version
-/// ("vtk1") instead of editing the value.
+/// ("vtk2") instead of editing the value.
 #[test]
 fn golden_vectors() {
     let durable = KeyScope::durable("run-1", 3);
@@ -315,46 +339,56 @@ fn golden_vectors() {
     let derive = |agent: &str, action: &str, payload: &dyn erased::Payload, scope: &KeyScope| {
         payload.derive(agent, action, scope, 1_700_000_123_456).to_string()
     };
+    let window = KeyScope::window("mcp-session-1", Duration::from_secs(300));
+    let effect = Effect { identity: &(42u64,), args: &(42u64, 2500u64) };
+    // The payload encodings through a bucket (its key commits to the
+    // payload); each request identity, and an effect identity, once.
     let actual = [
         derive("agent-a", "send_welcome", &(42u64,), &durable),
         derive("agent-a", "send_welcome", &(42u64,), &bucket),
-        derive("agent-a", "record_invoice", &invoice, &durable),
-        derive("", "", &(), &durable),
-        derive("agent-a", "x", &("ab", "c"), &durable),
-        derive("agent-a", "tag", &map, &durable),
-        derive("agent-a", "note", &(long.as_str(), 1.5f64, 'é'), &durable),
-        derive("agent-a", "command", &Command::Rename { from: "old".into() }, &durable),
+        derive("agent-a", "record_invoice", &invoice, &bucket),
+        derive("", "", &(), &bucket),
+        derive("agent-a", "x", &("ab", "c"), &bucket),
+        derive("agent-a", "tag", &map, &bucket),
+        derive("agent-a", "note", &(long.as_str(), 1.5f64, 'é'), &bucket),
+        derive("agent-a", "command", &Command::Rename { from: "old".into() }, &bucket),
         derive("agent-a", "send_welcome", &(42u64,), &KeyScope::tool_call("toolu_01A")),
+        derive("agent-a", "send_welcome", &(42u64,), &window),
+        derive("agent-a", "charge", &effect, &KeyScope::tool_call("toolu_01A")),
     ];
+    if std::env::var_os("VT_PRINT_GOLDEN").is_some() {
+        println!("{actual:#?}");
+    }
     assert_eq!(actual, GOLDEN);
 }
 
 /// `derive` for payloads of different types in one array.
 mod erased {
-    use serde::Serialize;
     use verified_tools::{IdempotencyKey, KeyScope};
 
     pub trait Payload {
         fn derive(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> IdempotencyKey;
     }
 
-    impl<T: Serialize> Payload for T {
+    impl<T: verified_tools::key::Payload> Payload for T {
         fn derive(&self, agent: &str, action: &str, scope: &KeyScope, ms: u64) -> IdempotencyKey {
             IdempotencyKey::derive(agent, action, self, scope, ms).unwrap()
         }
     }
 }
 
-const GOLDEN: [&str; 9] = [
-    "ef605f39f411fe93515c2be533a0ec37",
-    "38ad689a549e85ea17e0fe1783c4130f",
-    "854c5c27cc0403b5b82d4f028f61a7f9",
-    "060f37d6e2cfe1a86ea3b1f6705235ba",
-    "58ef4d56e2b463b792b229d262e6703c",
-    "d1f1ad5c7b7c5a219adc5c0120d6162b",
-    "825c5a2a4b2ba3e904442e439ac32daf",
-    "20323d87530638941698e7905b3708a6",
-    "4e06699f03f57cec02d558348132c8a2",
+const GOLDEN: [&str; 11] = [
+    "ff7cbce4b5541c17836f22602f6d4d94",
+    "da248053afa43a8349079e330c2bad35",
+    "fa870fc4f12178953dc7bea3c2192238",
+    "6ad96f78c4e485ccf6aa58ebcfa32f75",
+    "ac11ebb798672d8807285fe73f329d4a",
+    "4a8d9f2f423e90307e9133a619e16bf7",
+    "cbe048be1c0c312da75540ed37467c66",
+    "7803a1dc0074c8688053b6f711f40271",
+    "d82b78fc737d127f99cb5939f9a6010c",
+    "3899341bcf48976ae9fd74d617485f13",
+    "4b620f86319caf2c330e7cf7710a7462",
 ];
 
 /// The default scope decides every macro tool's keys: it must not drift.
@@ -365,7 +399,7 @@ fn default_scope_is_pinned() {
 
 #[test]
 fn framing_separates_adjacent_strings() {
-    let scope = KeyScope::durable("r", 0);
+    let scope = KeyScope::TimeBucket(Duration::from_secs(60));
     let a = IdempotencyKey::derive("agent", "act", &("ab", "c"), &scope, 0).unwrap();
     let b = IdempotencyKey::derive("agent", "act", &("a", "bc"), &scope, 0).unwrap();
     assert_ne!(a, b);

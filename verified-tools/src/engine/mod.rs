@@ -47,7 +47,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use self::decide::{Event, Facts, Next, Rules};
 use crate::audit::{CallIdentity, CallState};
 use crate::deadline::Timeline;
-use crate::key::Derived;
+use crate::key::{Derived, Payload};
 use crate::ledger::{Codec, End, LedgerError, Progress};
 use crate::telemetry;
 use crate::{
@@ -120,7 +120,7 @@ pub async fn call<T, E, P, A, D, DF, V, VF>(
 where
     T: Clone + Send + Sync + 'static,
     E: Classify,
-    P: Serialize + ?Sized,
+    P: Payload + ?Sized,
     A: Serialize + ?Sized,
     D: FnMut(Attempt) -> DF,
     DF: Future<Output = Result<T, E>>,
@@ -167,8 +167,7 @@ where
     }
     telemetry::instrument(span, async {
         let result = call.bounded(payload).await;
-        call.finish(&result).await;
-        result
+        call.finish(result).await
     })
     .await
 }
@@ -253,7 +252,7 @@ where
 {
     /// Runs the call within its deadline. A call that never waits (the tool
     /// answers on its first poll) never arms the timer.
-    async fn bounded<P: Serialize + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
+    async fn bounded<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
         let timeline = self.timeline;
         let outcome = {
             let mut run = std::pin::pin!(self.run(payload));
@@ -268,7 +267,7 @@ where
         }
     }
 
-    async fn run<P: Serialize + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
+    async fn run<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
         let derived = match self.derive(payload) {
             Ok(derived) => derived,
             Err(refused) => return refused,
@@ -304,7 +303,7 @@ where
     }
 
     /// Derives the key, once for the whole logical call.
-    fn derive<P: Serialize + ?Sized>(&mut self, payload: &P) -> Result<Derived, ToolResult<T, E>> {
+    fn derive<P: Payload + ?Sized>(&mut self, payload: &P) -> Result<Derived, ToolResult<T, E>> {
         let cx = self.cx;
         let tool = self.spec.name;
         let mut bucket = KeyScope::DEFAULT;
@@ -313,8 +312,12 @@ where
             KeyScope::TimeBucket(width) => CallIdentity::Bucket(width.as_millis() as u64),
             _ => cx.scope().map_or(CallIdentity::Explicit, CallIdentity::of),
         };
+        // Only a bucket reads the clock, and not when an effect identity
+        // names the call.
         let now = match scope {
-            KeyScope::TimeBucket(_) => cx.clock().unix_ms(),
+            KeyScope::TimeBucket(_) | KeyScope::Window { .. } if payload.effect().is_none() => {
+                cx.clock().unix_ms()
+            }
             _ => 0,
         };
         // Only a ledger can find the previous bucket's record.

@@ -34,6 +34,7 @@ pub fn record_refusal(cx: &Context, spec: &'static ToolSpec, error: &crate::Args
         tool: spec.name,
         key: None,
         call: CallIdentity::of(scope),
+        effect_key: spec.effect_key,
         state: CallState::Refused,
         attempt: 0,
         elapsed_ms: 0,
@@ -51,6 +52,22 @@ pub fn record_refusal(cx: &Context, spec: &'static ToolSpec, error: &crate::Args
         sink.record(&event);
     }
     telemetry::transition(&span, &event);
+}
+
+/// A negative ending of a holder whose hold was taken over: in doubt, for
+/// the call that took the key over may have made the effect since.
+fn superseded<T, E>(result: ToolResult<T, E>) -> ToolResult<T, E> {
+    match result {
+        ToolResult::Failed { error, key } => ToolResult::Unknown {
+            reason: UnknownReason::Superseded,
+            cause: Cause::Error(error),
+            key,
+        },
+        ToolResult::NotApplied { cause, key } => {
+            ToolResult::Unknown { reason: UnknownReason::Superseded, cause, key }
+        }
+        other => other,
+    }
 }
 
 /// What a transition adds to its event.
@@ -174,14 +191,18 @@ where
         }
     }
 
-    pub(super) async fn finish(&mut self, result: &ToolResult<T, E>) {
+    /// Records how the call ended, and says it. A holder whose hold was
+    /// taken over (it was paused past its lease) cannot say the effect did
+    /// not happen: the call that took the key over may have made it, so a
+    /// `Failed` or `NotApplied` it reached becomes `Unknown { Superseded }`.
+    pub(super) async fn finish(&mut self, mut result: ToolResult<T, E>) -> ToolResult<T, E> {
         // The ledger first: an audit sink that panics must not leave a
         // proven success recorded as in doubt.
         if let Some(hold) = self.hold.take() {
             // One key is one logical call with one budget: whatever did not
             // prove its effect stays recorded, so a repeat verifies first and
             // has only the attempts left (none after a contradicted OK).
-            let written = match result {
+            let written = match &result {
                 ToolResult::Success { value, .. } => {
                     hold.close(End::Completed(&Value { value, codec: self.codec })).await
                 }
@@ -190,20 +211,25 @@ where
                 }
                 _ => hold.close(End::InDoubt).await,
             };
-            if written.is_err() {
-                // The record stays held until its lease ends, then in doubt:
-                // the next call verifies first. Nothing is lost.
-                self.note(CallState::PendingVisibility, Detail::LedgerLost);
+            match written {
+                Ok(()) => {}
+                Err(LedgerError::Fenced(_)) => result = superseded(result),
+                Err(_) => {
+                    // The record stays held until its lease ends, then in
+                    // doubt: the next call verifies first. Nothing is lost.
+                    self.note(CallState::PendingVisibility, Detail::LedgerLost);
+                }
             }
         }
-        let state = match result {
+        let state = match &result {
             ToolResult::Success { .. } => CallState::VerifiedSuccess,
             ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => CallState::VerifiedFailure,
             ToolResult::Unknown { .. } => CallState::Unknown,
             ToolResult::Escalated { .. } => CallState::Escalated,
             ToolResult::Refused(_) => CallState::Refused,
         };
-        self.note(state, Detail::Ended(result));
+        self.note(state, Detail::Ended(&result));
+        result
     }
 
     /// The one hook of every transition: the audit sink and the span.
@@ -223,6 +249,7 @@ where
             tool: self.spec.name,
             key: self.key,
             call: self.identity,
+            effect_key: self.spec.effect_key,
             state,
             attempt: self.facts.attempts,
             elapsed_ms: self.started.elapsed().as_millis() as u64,

@@ -13,12 +13,25 @@
 //!
 //! # The identity of a call
 //!
-//! A client that gives each tool call an id sends it in the request's
-//! `_meta` under [`TOOL_CALL_ID_META`] (`"verified-tools/tool_call_id"`):
-//! the same id is the same logical call, so re-sending a call whose answer
-//! was lost replays or verifies it, and never executes it twice. Without an
-//! id, calls are keyed by the set's context: by default, the same tool with
-//! the same arguments within the same five-minute bucket is the same call.
+//! MCP puts no id on `tools/call`, and a client that times out re-sends
+//! the call as a new JSON-RPC request (the Python SDK: `tools/call` id 4,
+//! `notifications/cancelled` for 4, `tools/call` id 5). The server decides
+//! which logical call a request is, first match wins:
+//!
+//! | the request carries | the call's identity | a repeat is |
+//! |---|---|---|
+//! | a tool that declares its effect identity (`key(order)`) | the business action, whoever asks | replayed, or verified first: never done twice |
+//! | `idempotencyKey` in the params (SEP-3182) | that key, for this principal | the same call exactly when the key is the same; other arguments under it are refused |
+//! | `_meta` [`TOOL_CALL_ID_META`] (`"verified-tools/tool_call_id"`) | that id, for this principal | likewise |
+//! | nothing | the tool and its arguments, within this session, for one bucket (5 minutes, or the tool's `bucket`) | within the bucket: the same call (a cancel-and-re-send waits for the first and gets its outcome); later, or from another session: a new call |
+//!
+//! Two sessions never share a call unless a business key or an
+//! idempotency key says so. A replayed outcome says it was replayed
+//! (`proof: "ledger"` and an instruction saying how to do it again on
+//! purpose: a new `idempotencyKey`), never a silent success. The server
+//! advertises the key under the experimental capability
+//! [`IDEMPOTENCY_CAPABILITY`] (rmcp's `tools` capability has no room for
+//! SEP-3182's `tools.idempotency`).
 //!
 //! ```no_run
 //! use verified_tools::mcp::McpServer;
@@ -33,10 +46,13 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ExperimentalCapabilities,
+    Implementation, ListToolsResult, PaginatedRequestParams, RequestMetaObject, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::StreamableHttpService;
@@ -45,6 +61,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::Value;
 
+use crate::KeyScope;
 #[cfg(doc)]
 use crate::toolset::mcp_annotations;
 use crate::toolset::{ToolOutcome, ToolSet};
@@ -55,13 +72,24 @@ pub use rmcp;
 /// of the tool call: the identity of the logical call (its key scope).
 pub const TOOL_CALL_ID_META: &str = "verified-tools/tool_call_id";
 
+/// The `_meta` key under which the wire layer hands the handler a
+/// `tools/call`'s SEP-3182 `idempotencyKey` (rmcp's params type has no field
+/// for it).
+pub const IDEMPOTENCY_KEY_META: &str = "verified-tools/idempotency_key";
+
+/// The experimental capability the server advertises for SEP-3182
+/// idempotency keys on `tools/call`.
+pub const IDEMPOTENCY_CAPABILITY: &str = "idempotency";
+
 /// What the server tells the model about its tools (MCP's
-/// `instructions`).
+/// `instructions`). It asks only for what a model can do: read the
+/// outcome, and re-send the same call rather than a new one.
 pub const INSTRUCTIONS: &str = "Every tool result has a `status`; anything but `success` comes \
      with an `instruction`: follow it. Never make a new call for a result whose status is \
-     `unknown` or `escalated`: it may already have happened. To re-send the same call (after a \
-     lost answer), give it the same `_meta` \"verified-tools/tool_call_id\": it is checked \
-     first, never executed twice.";
+     `unknown` or `escalated`: it may already have happened. If an answer was lost, send the \
+     same call again, with the same arguments: the server recognises it, checks it first, and \
+     never executes it twice. A result with `proof: \"ledger\"` was replayed: nothing was done \
+     again.";
 
 /// An MCP server over a [`ToolSet`]: an rmcp [`ServerHandler`].
 ///
@@ -73,14 +101,21 @@ pub struct McpServer<S> {
     set: Arc<ToolSet<S>>,
     info: Implementation,
     instructions: Cow<'static, str>,
+    /// This server's session: calls without an id are keyed within it.
+    session: Arc<str>,
+    /// Who the client is: calls with an id are keyed for it.
+    principal: Arc<str>,
 }
 
 impl<S> Clone for McpServer<S> {
+    /// A handle on the same session.
     fn clone(&self) -> Self {
         Self {
             set: Arc::clone(&self.set),
             info: self.info.clone(),
             instructions: self.instructions.clone(),
+            session: Arc::clone(&self.session),
+            principal: Arc::clone(&self.principal),
         }
     }
 }
@@ -107,7 +142,30 @@ impl<S: Send + Sync + 'static> McpServer<S> {
             set,
             info: Implementation::new("verified-tools", env!("CARGO_PKG_VERSION")),
             instructions: Cow::Borrowed(INSTRUCTIONS),
+            session: new_session(),
+            principal: Arc::from(ANONYMOUS),
         }
+    }
+
+    /// A server of the same set in a session of its own: what each HTTP
+    /// session gets (stdio serves one session per process).
+    #[must_use]
+    pub fn new_session(&self) -> Self {
+        Self { session: new_session(), ..self.clone() }
+    }
+
+    /// The session calls without an id are keyed within.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Sets who the client is (an authenticated principal): calls with an
+    /// `idempotencyKey` or a tool-call id are keyed for it, so two
+    /// principals never share a call. [`ANONYMOUS`] by default.
+    #[must_use]
+    pub fn with_principal(mut self, principal: impl Into<Arc<str>>) -> Self {
+        self.principal = principal.into();
+        self
     }
 
     /// Sets the name and version the server gives in `initialize`.
@@ -140,10 +198,21 @@ impl<S: Send + Sync + 'static> McpServer<S> {
 
     /// Answers one `tools/call`: the outcome as `structuredContent` and as
     /// text, `isError` unless it is a success; an unknown tool is a protocol
-    /// error.
+    /// error. The call's identity is read from `request.meta` (see [the
+    /// module docs](self#the-identity-of-a-call)); [`ServerHandler::call_tool`]
+    /// reads it where rmcp delivers it, the request context.
     pub async fn call(&self, request: CallToolRequestParams) -> Result<CallToolResult, ErrorData> {
+        let meta = request.meta.clone().unwrap_or_default();
+        self.call_with(request, &meta).await
+    }
+
+    async fn call_with(
+        &self,
+        request: CallToolRequestParams,
+        meta: &RequestMetaObject,
+    ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.as_ref();
-        if self.set.get(name).is_none() {
+        let Some(tool) = self.set.get(name) else {
             let outcome = ToolOutcome::no_such_tool(name, self.set.names());
             let message = format!(
                 "{}. {}",
@@ -151,18 +220,17 @@ impl<S: Send + Sync + 'static> McpServer<S> {
                 outcome.instruction.as_deref().unwrap_or_default()
             );
             return Err(ErrorData::invalid_params(message, Some(to_json(&outcome))));
-        }
-        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
-        let id = request
-            .meta
-            .as_ref()
-            .and_then(|meta| meta.get(TOOL_CALL_ID_META))
-            .and_then(Value::as_str)
-            .filter(|id| !id.is_empty());
-        let outcome = match id {
-            Some(id) => self.set.call(name, &arguments, id).await,
-            None => self.set.call_in(self.set.context(), name, &arguments).await,
         };
+        let scope = scope(
+            meta_str(meta, IDEMPOTENCY_KEY_META),
+            meta_str(meta, TOOL_CALL_ID_META),
+            &self.principal,
+            &self.session,
+            tool.spec().bucket.unwrap_or(DEFAULT_WINDOW),
+        );
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let cx = self.set.context().clone().with_scope(scope);
+        let outcome = self.set.call_in(&cx, name, &arguments).await;
         let structured = to_json(&outcome);
         Ok(if outcome.is_success() {
             CallToolResult::structured(structured)
@@ -188,8 +256,10 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// server. Accepts `localhost` hosts only (DNS rebinding protection); see
     /// rmcp's `StreamableHttpServerConfig`.
     pub fn http_service(self) -> StreamableHttpService<Self, LocalSessionManager> {
+        // rmcp asks the factory once per session (at `initialize`): each
+        // HTTP session gets a session identity of its own.
         StreamableHttpService::new(
-            move || Ok(self.clone()),
+            move || Ok(self.new_session()),
             Arc::new(LocalSessionManager::default()),
             StreamableHttpServerConfig::default(),
         )
@@ -217,13 +287,56 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     }
 }
 
+/// The principal of a server that authenticates no one.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The window of a call without an id, when the tool sets no `bucket`.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
+
+/// The key scope of one `tools/call`: the client's idempotency key, else
+/// its tool-call id (both for the principal), else the session's window.
+/// A tool's declared effect identity overrides all three in the engine.
+fn scope(
+    idempotency_key: Option<&str>,
+    tool_call_id: Option<&str>,
+    principal: &str,
+    session: &str,
+    window: Duration,
+) -> KeyScope {
+    match (idempotency_key, tool_call_id) {
+        (Some(key), _) => KeyScope::ToolCall(format!("{principal}/idempotency-key/{key}")),
+        (None, Some(id)) => KeyScope::ToolCall(format!("{principal}/tool-call/{id}")),
+        (None, None) => KeyScope::window(session, window),
+    }
+}
+
+fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
+    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// A session identity no other server process or session has had: the
+/// process, a counter and the clock (keys derived within it land in a
+/// ledger that may outlive the process).
+fn new_session() -> Arc<str> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    Arc::from(format!("mcp-{:x}-{nanos:x}-{n}", std::process::id()))
+}
+
 fn to_json(outcome: &ToolOutcome) -> Value {
     serde_json::to_value(outcome).expect("an outcome is JSON")
 }
 
 impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut experimental = ExperimentalCapabilities::new();
+        experimental.insert(IDEMPOTENCY_CAPABILITY.to_owned(), serde_json::Map::new());
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_experimental_with(experimental)
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(self.info.clone())
             .with_instructions(self.instructions.clone())
     }
@@ -243,8 +356,9 @@ impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.call(request).await.map(CallToolResponse::from)
+        // rmcp moves the params' `_meta` into the request context.
+        self.call_with(request, &context.meta).await.map(CallToolResponse::from)
     }
 }

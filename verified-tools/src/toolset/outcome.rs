@@ -151,6 +151,18 @@ impl ToolOutcome {
                     Ok(value) => out.value = Some(value),
                     Err(e) => out.error = Some(format!("the value could not be serialized: {e}")),
                 }
+                if proof == Proof::Ledger {
+                    // A replay says so: a model (or a person) that meant to do
+                    // it again must not read it as done twice.
+                    out.instruction = Some(
+                        "Replayed: this same call was made before and its recorded outcome is \
+                         returned; nothing was done again. To do it again on purpose, make a \
+                         new call with a new request identity (a new tool call id; over MCP, a \
+                         new `idempotencyKey`); a tool that names its action by its arguments \
+                         does each action once."
+                            .to_owned(),
+                    );
+                }
                 out.proof = Some(proof);
                 out.key = Some(key);
                 out
@@ -169,13 +181,8 @@ impl ToolOutcome {
             ToolResult::NotApplied { cause, key } => {
                 let mut out = Self::new(Status::NotApplied);
                 out.key = Some(key);
+                out.instruction = Some(not_applied_instruction(&cause).to_owned());
                 out.error = Some(cause_text(&cause));
-                out.instruction = Some(
-                    "This did not happen, and this call is closed. If it is still needed, \
-                     make a new call (read the current state first if the error names a \
-                     version)."
-                        .to_owned(),
-                );
                 out
             }
             ToolResult::Unknown { reason, cause, key } => {
@@ -248,6 +255,31 @@ fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
     }
 }
 
+/// What to do after `NotApplied`, by what the call knows. Only a failure
+/// that proves nothing left the client, or a conflict the service answered,
+/// makes a new call safe at once; after a timeout or an ambiguous error the
+/// verifier's settled `Absent` is as good as the settle margin, and a
+/// service that ignores deadlines may still apply the first request late: a
+/// new call could then do it twice, where repeating this same call checks
+/// first and never sends it again under its key.
+fn not_applied_instruction<E: Classify>(cause: &Cause<E>) -> &'static str {
+    match cause {
+        Cause::Error(e) if e.classify() == crate::ErrorClass::NotSent => {
+            "Nothing was sent, and this call is closed. If it is still needed, make a new call."
+        }
+        Cause::Error(e) if e.classify() == crate::ErrorClass::Conflict => {
+            "This did not happen: the record changed since it was read. Read the current state \
+             first, then make a new call if it is still needed."
+        }
+        _ => {
+            "This was not found once the last attempt had settled, and this call is closed. Do \
+             not make a new call for it: if the service applies requests late, the first one \
+             may still land. To learn the final state, repeat this same call later (the same \
+             tool call id): it checks first and never sends it again."
+        }
+    }
+}
+
 /// What to do after a refusal, by its kind.
 fn refusal_instruction(error: &CallError) -> &'static str {
     match error {
@@ -256,8 +288,10 @@ fn refusal_instruction(error: &CallError) -> &'static str {
              for it, or check later with the key."
         }
         CallError::KeyReuse { .. } => {
-            "Nothing was done: this tool call id was already used with other arguments. A new \
-             action needs a new tool call."
+            "Nothing was done: this call's identity (its tool call id, idempotency key, or the \
+             arguments that name its action) was already used with other arguments. A new \
+             action needs a new tool call; the same action must be asked with the same \
+             arguments."
         }
         _ => "Nothing was done: the call could not be recorded safely. Try again later.",
     }
@@ -285,11 +319,19 @@ mod tests {
             proof: Proof::Ledger,
             key: KEY,
         });
+        let replayed = ok["instruction"].as_str().unwrap_or_default().to_owned();
+        assert!(replayed.starts_with("Replayed: "), "a replay says so: {ok}");
         assert_eq!(
             ok,
             json!({"status": "success", "value": {"id": 7}, "proof": "ledger",
-                   "key": "00000000000000000000000000000001"})
+                   "key": "00000000000000000000000000000001", "instruction": replayed})
         );
+        let fresh = json_of(ToolResult::Success {
+            value: json!({"id": 7}),
+            proof: Proof::Response,
+            key: KEY,
+        });
+        assert!(fresh.get("instruction").is_none(), "{fresh}");
         let failed = json_of(ToolResult::Failed {
             error: Classified::new("not found", ErrorClass::Definitive),
             key: KEY,
@@ -303,6 +345,15 @@ mod tests {
         });
         assert_eq!(missing["status"], "not_applied");
         assert!(missing["instruction"].as_str().unwrap().contains("make a new call"));
+        // After a timeout the first attempt may still land: never "a new call".
+        let late = json_of(ToolResult::NotApplied {
+            cause: Cause::TimedOut(Duration::from_secs(2)),
+            key: KEY,
+        });
+        let text = late["instruction"].as_str().unwrap();
+        assert!(text.contains("Do not make a new call"), "{text}");
+        assert!(text.contains("repeat this same call"), "{text}");
+
         let doubt = json_of(ToolResult::Unknown {
             reason: UnknownReason::Unsettled,
             cause: Cause::TimedOut(Duration::from_secs(1)),

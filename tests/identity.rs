@@ -1,0 +1,272 @@
+//! The identity of a logical call: a tool that names its business action
+//! (`key(order)`) is done once per action whoever asks, a tool without one
+//! once per request identity, and the same identity with other arguments is
+//! refused. Against a small payment service that honours idempotency keys or
+//! ignores them. Tokio time is paused.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use verified_tools::ledger::{
+    Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, MemoryLedger, Progress,
+};
+use verified_tools::toolset::{Status, ToolSet};
+use verified_tools::{
+    CallError, Classify, Context, ErrorClass, IdempotencyKey, Proof, ToolResult, UnknownReason,
+    Verdict, verified_tool,
+};
+
+/// A payment service. With `honours_keys`, a request whose key it has seen
+/// is answered from its first charge, as Stripe does.
+#[derive(Default)]
+pub struct Bank {
+    honours_keys: bool,
+    /// Every charge applied: (order, cents, key).
+    charges: Mutex<Vec<(u64, u64, IdempotencyKey)>>,
+    reminders: Mutex<Vec<String>>,
+    /// The next charge is applied but its answer never comes.
+    lose_next_answer: AtomicBool,
+}
+
+impl Bank {
+    fn honouring_keys() -> Self {
+        Self { honours_keys: true, ..Self::default() }
+    }
+
+    fn charges(&self) -> usize {
+        self.charges.lock().unwrap().len()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the bank is unreachable")]
+pub struct BankError;
+
+impl Classify for BankError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Ambiguous
+    }
+}
+
+/// Charges an order, once.
+#[verified_tool(
+    side_effect = "irreversible",
+    verify = charged,
+    skip(bank),
+    key(order),
+    timeout = "1s",
+    settle = "1s",
+    schema = true
+)]
+pub async fn charge(
+    bank: &Bank,
+    order: u64,
+    cents: u64,
+    key: IdempotencyKey,
+) -> Result<u64, BankError> {
+    let cents = {
+        let mut charges = bank.charges.lock().unwrap();
+        let seen = charges.iter().find(|(_, _, k)| bank.honours_keys && *k == key).map(|c| c.1);
+        match seen {
+            Some(cents) => cents,
+            None => {
+                charges.push((order, cents, key));
+                cents
+            }
+        }
+    };
+    if bank.lose_next_answer.swap(false, Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    Ok(cents)
+}
+
+/// Is the order charged?
+async fn charged(bank: &Bank, order: &u64, _cents: &u64) -> Verdict<u64> {
+    let charges = bank.charges.lock().unwrap();
+    charges.iter().find(|(o, _, _)| o == order).map(|c| c.1).into()
+}
+
+/// Reminds a customer: every request is a reminder of its own.
+#[verified_tool(side_effect = "low", skip(bank), schema = true)]
+pub async fn remind(bank: &Bank, customer: u64, text: &str) -> Result<usize, BankError> {
+    let mut sent = bank.reminders.lock().unwrap();
+    sent.push(format!("{customer}: {text}"));
+    Ok(sent.len())
+}
+
+fn tools(bank: Bank) -> ToolSet<Bank> {
+    ToolSet::new(bank).with(charge_tool()).with(remind_tool())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_payment_asked_twice_with_two_tool_call_ids_is_charged_once() {
+    for bank in [Bank::default(), Bank::honouring_keys()] {
+        let honours = bank.honours_keys;
+        let set = tools(bank);
+        let args = json!({"order": 1001, "cents": 2500});
+        let first = set.call("charge", &args, "call_A").await;
+        assert_eq!((first.status, first.proof), (Status::Success, Some(Proof::Response)));
+        // The model asks again, as a new tool call.
+        let again = set.call("charge", &args, "call_B").await;
+        assert_eq!(again.status, Status::Success, "{again:?}");
+        assert_eq!(again.proof, Some(Proof::Ledger), "honours keys: {honours}");
+        assert_eq!(again.key, first.key, "one business action, one key");
+        assert!(again.instruction.as_deref().unwrap().starts_with("Replayed"), "{again:?}");
+        assert_eq!(set.state().charges(), 1, "honours keys: {honours}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_honours_keys_dedupes_what_the_ledger_no_longer_knows() {
+    // Two processes with ledgers of their own (or one that forgot): the key
+    // the service receives is the same, so it charges once.
+    let bank = Bank::honouring_keys();
+    let a = Context::new("billing").for_tool_call("call_A");
+    let b = Context::new("billing").for_tool_call("call_B");
+    let first = charge(&a, &bank, 1001, 2500).await;
+    let second = charge(&b, &bank, 1001, 2500).await;
+    assert!(first.is_success() && second.is_success(), "{first:?} {second:?}");
+    assert_eq!(first.key(), second.key());
+    assert_eq!(bank.charges(), 1);
+    // The same without keys honoured: the ledger was the only guard, and
+    // there were two ledgers.
+    let blind = Bank::default();
+    assert!(charge(&Context::new("billing"), &blind, 1001, 2500).await.is_success());
+    assert!(charge(&Context::new("billing"), &blind, 1001, 2500).await.is_success());
+    assert_eq!(blind.charges(), 2, "the control: keys not honoured, ledgers not shared");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_business_action_is_replayed_a_day_later_by_another_context_sharing_the_ledger() {
+    let ledger: Arc<MemoryLedger> = Arc::new(MemoryLedger::new());
+    let bank = Bank::default();
+    let morning = Context::new("billing").with_ledger(ledger.clone()).for_step("run-1", 4);
+    assert!(charge(&morning, &bank, 7, 100).await.is_success());
+    tokio::time::advance(Duration::from_secs(23 * 3600)).await;
+    let evening = Context::new("billing").with_ledger(ledger).for_tool_call("call_late");
+    let replay = charge(&evening, &bank, 7, 100).await;
+    assert!(matches!(replay, ToolResult::Success { proof: Proof::Ledger, .. }), "{replay:?}");
+    assert_eq!(bank.charges(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_order_with_another_amount_is_refused_not_charged() {
+    let set = tools(Bank::default());
+    let first = set.call("charge", &json!({"order": 7, "cents": 100}), "call_A").await;
+    assert_eq!(first.status, Status::Success);
+    let other = set.call("charge", &json!({"order": 7, "cents": 99_999}), "call_B").await;
+    assert_eq!(other.status, Status::Refused, "{other:?}");
+    assert!(other.error.as_deref().unwrap().contains("different payload"), "{other:?}");
+    assert_eq!(set.state().charges(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reminder_asked_twice_with_two_tool_call_ids_is_sent_twice() {
+    let set = tools(Bank::default());
+    let args = json!({"customer": 5, "text": "your invoice is due"});
+    assert_eq!(set.call("remind", &args, "call_1").await.status, Status::Success);
+    assert_eq!(set.call("remind", &args, "call_2").await.status, Status::Success);
+    // The same request again is the same reminder.
+    let again = set.call("remind", &args, "call_2").await;
+    assert_eq!(again.proof, Some(Proof::Ledger));
+    assert_eq!(set.state().reminders.lock().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_tool_call_id_with_other_arguments_is_refused() {
+    let set = tools(Bank::default());
+    let first = set.call("remind", &json!({"customer": 5, "text": "a"}), "call_X").await;
+    assert_eq!(first.status, Status::Success);
+    let other = set.call("remind", &json!({"customer": 5, "text": "b"}), "call_X").await;
+    assert_eq!(other.status, Status::Refused, "{other:?}");
+    assert_eq!(other.key, first.key);
+    let instruction = other.instruction.as_deref().unwrap();
+    assert!(instruction.contains("already used with other arguments"), "{instruction}");
+    assert_eq!(set.state().reminders.lock().unwrap().as_slice(), ["5: a"]);
+    // So does a run step.
+    let cx = Context::new("agent").for_step("run-1", 1);
+    let bank = Bank::default();
+    assert!(remind(&cx, &bank, 1, "a").await.is_success());
+    let reused = remind(&cx, &bank, 1, "b").await;
+    assert!(matches!(reused, ToolResult::Refused(CallError::KeyReuse { .. })), "{reused:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settled_absent_never_tells_the_model_to_make_a_new_call() {
+    // A lost answer on a service that applies requests late: the verifier
+    // reads `Absent` once the settle margin passed, the call ends
+    // not_applied, and the outcome says to repeat the same call, which
+    // checks first, never "make a new call".
+    #[derive(Default)]
+    struct Late(Mutex<HashMap<u64, u64>>);
+    #[verified_tool(side_effect = "irreversible", verify = landed, skip(svc), timeout = "1s",
+                    settle = "1s", retries = 0, schema = true)]
+    async fn pay(svc: &Late, order: u64) -> Result<u64, BankError> {
+        let _ = (svc, order);
+        std::future::pending().await
+    }
+    async fn landed(svc: &Late, order: &u64) -> Verdict<u64> {
+        svc.0.lock().unwrap().get(order).copied().into()
+    }
+    let set = ToolSet::new(Late::default()).with(pay_tool());
+    let outcome = set.call("pay", &json!({"order": 9}), "call_1").await;
+    assert_eq!(outcome.status, Status::NotApplied, "{outcome:?}");
+    let instruction = outcome.instruction.as_deref().unwrap();
+    assert!(!instruction.contains("needed, make a new call"), "{instruction}");
+    assert!(instruction.contains("Do not make a new call"), "{instruction}");
+    assert!(instruction.contains("repeat this same call"), "{instruction}");
+}
+
+/// A memory ledger whose holds are all taken over before they finish: what a
+/// worker paused past its lease finds when it resumes.
+struct TakenOver(MemoryLedger);
+
+impl Ledger for TakenOver {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        self.0.claim(request)
+    }
+    fn dispatching(&self, key: IdempotencyKey, fence: Fence, p: Progress) -> LedgerFuture<'_, ()> {
+        self.0.dispatching(key, fence, p)
+    }
+    fn finish<'a>(&'a self, _: IdempotencyKey, fence: Fence, _: End<'a>) -> LedgerFuture<'a, ()> {
+        LedgerFuture::ready(Err(LedgerError::Fenced(fence)))
+    }
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        self.0.abandon(key, fence)
+    }
+    fn lease(&self) -> Duration {
+        self.0.lease()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_hold_was_taken_over_never_reports_not_applied() {
+    let cx = Context::new("billing").with_ledger(Arc::new(TakenOver(MemoryLedger::new())));
+    // An irreversible call whose answer is lost and whose verifier reads
+    // `Absent` after settling would end `NotApplied`; its hold was taken
+    // over meanwhile, so the successor may have charged: in doubt.
+    #[derive(Default)]
+    struct Nothing;
+    #[verified_tool(side_effect = "irreversible", verify = never_there, skip(svc), timeout = "1s",
+                    settle = "1s", retries = 0)]
+    async fn pay_once(svc: &Nothing, order: u64) -> Result<u64, BankError> {
+        let _ = (svc, order);
+        std::future::pending().await
+    }
+    async fn never_there(_: &Nothing, _: &u64) -> Verdict<u64> {
+        Verdict::Absent
+    }
+    let result = pay_once(&cx, &Nothing, 3).await;
+    assert!(
+        matches!(result, ToolResult::Unknown { reason: UnknownReason::Superseded, .. }),
+        "{result:?}"
+    );
+    // The control: with a ledger that keeps the hold, the same call is
+    // `NotApplied`.
+    let kept = pay_once(&Context::new("billing"), &Nothing, 3).await;
+    assert!(matches!(kept, ToolResult::NotApplied { .. }), "{kept:?}");
+}
