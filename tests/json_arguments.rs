@@ -85,7 +85,6 @@ async fn refusal(set: &ToolSet<Bank>, tool: &str, text: &str) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn a_member_given_twice_in_call_text_is_refused_before_dispatch() {
-    // wired in set.rs by the identity change
     let set = tools();
     let text = r#"{"order":7,"amount":1,"card":"t","amount":99999}"#;
     let outcome = set.call_text("charge", text, "call_twice").await;

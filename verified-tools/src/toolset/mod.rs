@@ -20,9 +20,14 @@
 //! argument error and before anything is dispatched: a non-object, unknown
 //! fields, missing or ill-typed fields (named, with the JSON type expected:
 //! "field `customer`: expected a non-negative integer, got a string"), and
-//! any field nested deeper than 128 levels of arrays and objects — the
-//! limit of serde_json's parser, enforced without recursion, so a `Value`
-//! built in memory 100,000 levels deep is an error, not a stack overflow.
+//! any field nested deeper than 128 levels of arrays and objects, enforced
+//! without recursion, so a `Value` built in memory 100,000 levels deep is an
+//! error, not a stack overflow. Arguments given as text (`ToolSet::call_text`,
+//! the MCP server's wire) are parsed once by a parser that also refuses an
+//! object giving a field twice, at any depth ("field `amount` is given
+//! twice"): with serde_json's last-wins, what the audit shows and what the
+//! tool executes could differ. Text nests at most as deep as serde_json's
+//! parser allows (127 levels below the arguments object).
 
 // What the generated `<name>_json` and `<name>_tool` call, through
 // `verified_tools::__private`: not public API.

@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::schema::JsonObject;
 use super::{ToolDef, ToolOutcome};
-use crate::{ArgsError, Context, SideEffect};
+use crate::{Context, SideEffect};
 
 /// One value that lists a group of verified tools in the formats models are
 /// given tools in, and dispatches their calls by name.
@@ -205,23 +205,16 @@ impl<S: Sync> ToolSet<S> {
     }
 
     /// [`call`](Self::call) with the arguments as the model wrote them: a
-    /// JSON text (OpenAI's `function.arguments`). Text that is not JSON is
-    /// an argument error; an empty text reads as `{}`.
+    /// JSON text (OpenAI's `function.arguments`). Text that is not JSON, and
+    /// an object that gives a field twice (at any depth), are argument
+    /// errors naming the field; an empty text reads as `{}`.
     pub async fn call_text(&self, name: &str, arguments: &str, tool_call_id: &str) -> ToolOutcome {
-        let parsed = if arguments.trim().is_empty() {
-            Ok(Value::Object(Map::new()))
-        } else {
-            serde_json::from_str::<Value>(arguments)
-        };
-        match parsed {
+        let Some(tool) = self.get(name) else { return self.no_such_tool(name) };
+        // One parse that refuses a field given twice: with serde_json's
+        // last-wins, the audited arguments and the executed ones could differ.
+        match super::args::parse_arguments(tool.name(), arguments) {
             Ok(arguments) => self.call(name, &arguments, tool_call_id).await,
-            Err(e) => match self.get(name) {
-                None => self.no_such_tool(name),
-                Some(tool) => ToolOutcome::invalid_arguments(&ArgsError::new(
-                    tool.name(),
-                    format!("the arguments are not valid JSON ({e})"),
-                )),
-            },
+            Err(error) => ToolOutcome::invalid_arguments(&error),
         }
     }
 
