@@ -233,6 +233,60 @@ pub enum LedgerError {
     /// A record could not be read back.
     #[error("a ledger record is corrupt: {0}")]
     Corrupt(String),
+    /// The backend does not offer this operation (an operator's listing or
+    /// resolution on a ledger that cannot enumerate its records).
+    #[error("this ledger does not support {0}")]
+    Unsupported(&'static str),
+}
+
+/// Where a record stands, as an operator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// A call holds the key now (until its lease ends).
+    Held,
+    /// The effect is in doubt: the next call with the key verifies first.
+    InDoubt,
+    /// Attempts went out and the effect is known not to have happened.
+    Settled,
+    /// The effect happened.
+    Completed,
+}
+
+impl RecordState {
+    /// The snake_case name (`held`, `in_doubt`, `settled`, `completed`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Held => "held",
+            RecordState::InDoubt => "in_doubt",
+            RecordState::Settled => "settled",
+            RecordState::Completed => "completed",
+        }
+    }
+}
+
+/// One record, as [`Ledger::record`] and [`Ledger::in_doubt`] show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView {
+    /// The call's key.
+    pub key: IdempotencyKey,
+    /// Where it stands.
+    pub state: RecordState,
+    /// What the calls that held it did so far (the settle time as "settles
+    /// in this long", from the store's clock).
+    pub progress: Progress,
+}
+
+/// A person's decision about a call in doubt ([`Ledger::resolve`]), after
+/// looking at the real state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolution {
+    /// The effect happened: the record becomes completed (without a value:
+    /// a repeat obtains it by verifying, and never dispatches again).
+    Applied,
+    /// The effect did not happen and nothing of it can still land: the
+    /// record is settled with its attempts cleared, so a repeat verifies
+    /// first and then has the key's whole budget.
+    NotApplied,
 }
 
 /// The future of a ledger operation: ready at once for a ledger in the
@@ -322,6 +376,34 @@ pub trait Ledger: Send + Sync {
 
     /// How long a hold lasts before the key is taken over in doubt.
     fn lease(&self) -> Duration;
+
+    /// The record of `key`, if there is one: for an operator ("show").
+    /// Backends that cannot read a record by itself answer
+    /// [`LedgerError::Unsupported`].
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        let _ = key;
+        LedgerFuture::ready(Err(LedgerError::Unsupported("reading a record")))
+    }
+
+    /// Up to `limit` records in doubt (not held), for an operator or a
+    /// reconciler; in no particular order.
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        let _ = limit;
+        LedgerFuture::ready(Err(LedgerError::Unsupported("listing records in doubt")))
+    }
+
+    /// Records a person's decision about the call in doubt under `key`, and
+    /// answers the state the record was in. Only a record in doubt is
+    /// changed: a held, settled or completed one (or none, `Ok(None)`) is
+    /// left as it is, so a decision never overwrites what a call proved.
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        let _ = (key, resolution);
+        LedgerFuture::ready(Err(LedgerError::Unsupported("resolving a record")))
+    }
 }
 
 impl<L: Ledger + ?Sized> Ledger for Arc<L> {
@@ -353,5 +435,21 @@ impl<L: Ledger + ?Sized> Ledger for Arc<L> {
 
     fn lease(&self) -> Duration {
         (**self).lease()
+    }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        (**self).record(key)
+    }
+
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        (**self).in_doubt(limit)
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        (**self).resolve(key, resolution)
     }
 }
