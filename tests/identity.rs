@@ -29,6 +29,8 @@ pub struct Bank {
     reminders: Mutex<Vec<String>>,
     /// The next charge is applied but its answer never comes.
     lose_next_answer: AtomicBool,
+    /// The verifier cannot read the charges.
+    blind: AtomicBool,
 }
 
 impl Bank {
@@ -86,6 +88,9 @@ pub async fn charge(
 
 /// Is the order charged?
 async fn charged(bank: &Bank, order: &u64, _cents: &u64) -> Verdict<u64> {
+    if bank.blind.load(Ordering::SeqCst) {
+        return Verdict::Unknown;
+    }
     let charges = bank.charges.lock().unwrap();
     charges.iter().find(|(o, _, _)| o == order).map(|c| c.1).into()
 }
@@ -269,4 +274,92 @@ async fn a_holder_whose_hold_was_taken_over_never_reports_not_applied() {
     // `NotApplied`.
     let kept = pay_once(&Context::new("billing"), &Nothing, 3).await;
     assert!(matches!(kept, ToolResult::NotApplied { .. }), "{kept:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_in_doubt_is_checked_by_key_and_nothing_is_sent_again() {
+    let set = tools(Bank::default()).with_checks(100);
+    let listed = set.openai_tools();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["charge", "remind", "check_call"]);
+    let bank = set.state();
+    bank.lose_next_answer.store(true, Ordering::SeqCst);
+    bank.blind.store(true, Ordering::SeqCst);
+    let lost = set.call("charge", &json!({"order": 1, "cents": 500}), "call_A").await;
+    assert_eq!(lost.status, Status::Escalated, "{lost:?}");
+    let key = lost.key.unwrap();
+    assert_eq!(set.pending_checks(), 1);
+    // Still unreadable: still in doubt, and nothing was sent.
+    let check = json!({"key": key.to_string()});
+    let still = set.call("check_call", &check, "call_B").await;
+    assert_eq!(still.status, Status::Escalated, "{still:?}");
+    // Readable: the truth, recorded; the call is closed.
+    bank.blind.store(false, Ordering::SeqCst);
+    let truth = set.call("check_call", &check, "call_C").await;
+    assert_eq!((truth.status, truth.proof), (Status::Success, Some(Proof::Verifier)), "{truth:?}");
+    assert_eq!(truth.key, Some(key));
+    assert_eq!(bank.charges(), 1);
+    assert_eq!(set.pending_checks(), 0);
+    // The same action asked again is replayed from what the check recorded.
+    let again = set.call("charge", &json!({"order": 1, "cents": 500}), "call_D").await;
+    assert_eq!(again.proof, Some(Proof::Ledger), "{again:?}");
+    assert_eq!(bank.charges(), 1);
+    // A key the set does not keep is an argument error, not a call.
+    let unknown = set.call("check_call", &json!({"key": "0".repeat(32)}), "call_E").await;
+    assert_eq!(unknown.status, Status::InvalidArguments, "{unknown:?}");
+    let bad = set.call("check_call", &json!({"key": "nope"}), "call_F").await;
+    assert_eq!(bad.status, Status::InvalidArguments, "{bad:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_check_never_sends_even_when_the_effect_is_absent() {
+    // The charge never reached the bank (lost on the way, not applied): the
+    // call ends in doubt (nothing settles without a margin); a check reads
+    // `Absent` once settled and closes it as not applied, sending nothing.
+    #[derive(Default)]
+    struct Lossy(Mutex<Vec<u64>>);
+    #[verified_tool(side_effect = "high", verify = paid, skip(svc), timeout = "1s",
+                    settle = "1s", schema = true)]
+    async fn pay(svc: &Lossy, order: u64) -> Result<u64, BankError> {
+        let _ = order;
+        svc.0.lock().unwrap().push(order);
+        Err(BankError)
+    }
+    async fn paid(_: &Lossy, _: &u64) -> Verdict<u64> {
+        Verdict::Unknown
+    }
+    let set = ToolSet::new(Lossy::default()).with(pay_tool()).with_checks(10);
+    let lost = set.call("pay", &json!({"order": 4}), "call_1").await;
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    let sent = set.state().0.lock().unwrap().len();
+    let done = set.reconcile().await;
+    assert_eq!((done.checked, done.in_doubt), (1, 1), "{done:?}");
+    assert_eq!(set.state().0.lock().unwrap().len(), sent, "a check sends nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_reconciler_closes_what_it_can_prove_and_keeps_the_rest() {
+    let set = tools(Bank::default()).with_checks(100);
+    let bank = set.state();
+    bank.blind.store(true, Ordering::SeqCst);
+    for order in [1, 2, 3] {
+        bank.lose_next_answer.store(true, Ordering::SeqCst);
+        let lost = set.call("charge", &json!({"order": order, "cents": 5}), "c").await;
+        assert_eq!(lost.status, Status::Escalated, "{lost:?}");
+    }
+    // `c` was the tool-call id of all three: a model reusing an id. The
+    // business key kept them three actions, and three calls in doubt.
+    assert_eq!(set.pending_checks(), 3);
+    let blind = set.reconcile().await;
+    assert_eq!((blind.checked, blind.in_doubt), (3, 3));
+    bank.blind.store(false, Ordering::SeqCst);
+    let seen = set.reconcile().await;
+    assert_eq!((seen.checked, seen.applied, seen.in_doubt), (3, 3, 0), "{seen:?}");
+    assert_eq!(set.pending_checks(), 0);
+    assert_eq!(bank.charges(), 3);
 }

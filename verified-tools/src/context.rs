@@ -102,6 +102,8 @@ pub struct Context {
     scope: Option<KeyScope>,
     in_flight: InFlight,
     ledger_outage: LedgerOutage,
+    /// Calls made with this context only check ([`Context::for_check`]).
+    check: bool,
     clock: Arc<dyn Clock>,
     pub(crate) ledger: Option<Arc<dyn Ledger>>,
     pub(crate) audit: Option<Arc<dyn AuditSink>>,
@@ -123,6 +125,7 @@ impl Context {
                 max: Duration::from_secs(30),
             },
             ledger_outage: LedgerOutage::Refuse,
+            check: false,
             clock: Arc::new(SystemClock),
             ledger: Some(Arc::new(MemoryLedger::new())),
             audit: None,
@@ -243,6 +246,28 @@ impl Context {
     /// logical call, and a second call the model asked for is a new one.
     pub fn for_tool_call(&self, id: impl Into<String>) -> Self {
         self.clone().with_scope(KeyScope::ToolCall(id.into()))
+    }
+
+    /// A copy whose calls only *check* what became of the logical call they
+    /// name, and dispatch nothing: a call completed is replayed, a call in
+    /// doubt is verified (`Holds` closes it as a success, recorded in the
+    /// ledger; a settled `Absent` closes it as `NotApplied`), and where a
+    /// call would send an attempt, a check stops with what it knows. The way
+    /// out of doubt for a model (`ToolSet::with_checks`) and a reconciler.
+    ///
+    /// ```
+    /// use verified_tools::Context;
+    ///
+    /// let cx = Context::new("agent").for_tool_call("call_1");
+    /// assert!(cx.for_check().is_check() && !cx.is_check());
+    /// ```
+    pub fn for_check(&self) -> Self {
+        Self { check: true, ..self.clone() }
+    }
+
+    /// Whether calls made with this context only check.
+    pub fn is_check(&self) -> bool {
+        self.check
     }
 
     /// Sets what a call does when its key is in flight.

@@ -15,6 +15,7 @@ use crate::context::LedgerOutage;
 use crate::key::Derived;
 use crate::ledger::{
     ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
+    Settle,
 };
 use crate::{CallError, Cause, Classify, IdempotencyKey, Proof, SideEffect, ToolResult, Verdict};
 
@@ -92,7 +93,13 @@ where
             key: derived.key,
             fingerprint: derived.fingerprint,
             previous: derived.previous,
-            first: Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) },
+            // A check dispatches nothing: a record it creates says so.
+            first: match self.rules.check {
+                false => {
+                    Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) }
+                }
+                true => Progress { attempts: 0, after_ok: false, settle: Settle::NOW },
+            },
             now: self.started,
         };
         // The wait is measured on the clock, not summed from the polls: a

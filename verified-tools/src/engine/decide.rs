@@ -16,6 +16,9 @@ pub(crate) struct Rules {
     /// Retries after the first attempt, per key.
     pub(crate) retries: u32,
     pub(crate) verify_response: bool,
+    /// A check ([`Context::for_check`](crate::Context::for_check)): learn
+    /// what became of the call, never dispatch.
+    pub(crate) check: bool,
 }
 
 /// What the call knows so far.
@@ -89,6 +92,25 @@ impl Rules {
     /// The one decision function. `facts` is updated with what the event
     /// teaches (doubt raised or settled).
     pub(crate) fn next(&self, facts: &mut Facts, event: Event) -> Next {
+        let next = self.call(facts, event);
+        if !self.check {
+            return next;
+        }
+        // A check reads and records; wherever a call would send, it stops
+        // with what it knows.
+        match (event, next) {
+            (Event::Claimed, _) if self.verifies() => Next::Verify,
+            (Event::Claimed, _) => Next::Unresolved(UnknownReason::VerifierInconclusive),
+            (_, Next::Dispatch) if facts.in_doubt => {
+                Next::Unresolved(UnknownReason::VerifierInconclusive)
+            }
+            (_, Next::Dispatch) => Next::NotApplied,
+            (_, next) => next,
+        }
+    }
+
+    /// The decision of a call that may dispatch.
+    fn call(&self, facts: &mut Facts, event: Event) -> Next {
         match event {
             Event::Claimed => Next::Dispatch,
             Event::Resumed => {
@@ -236,8 +258,11 @@ mod tests {
             for mode in MODES {
                 for verifier in [false, true] {
                     for retries in 0..3 {
-                        for verify_response in [false, true] {
-                            let rules = Rules { class, mode, verifier, retries, verify_response };
+                        for (verify_response, check) in
+                            [(false, false), (true, false), (false, true), (true, true)]
+                        {
+                            let rules =
+                                Rules { class, mode, verifier, retries, verify_response, check };
                             for bits in 0..16u8 {
                                 for attempts in 0..4 {
                                     let facts = Facts {
@@ -260,6 +285,22 @@ mod tests {
             }
         }
         rows
+    }
+
+    #[test]
+    fn a_check_never_dispatches_and_succeeds_only_by_the_verifier() {
+        for (rules, facts, event, after, next) in table() {
+            if !rules.check {
+                continue;
+            }
+            assert_ne!(next, Next::Dispatch, "{rules:?} {facts:?} {event:?}");
+            if next == Next::NotApplied {
+                assert!(!after.in_doubt, "{rules:?} {facts:?} {event:?}");
+            }
+            if event == Event::Claimed {
+                assert!(matches!(next, Next::Verify | Next::Unresolved(_)), "{rules:?}");
+            }
+        }
     }
 
     #[test]
@@ -379,6 +420,7 @@ mod tests {
             verifier: true,
             retries: 1,
             verify_response: false,
+            check: false,
         };
         let mut facts = Facts { attempts: 1, ..Facts::default() };
         assert_eq!(rules.next(&mut facts, Event::TimedOut), Next::Verify);

@@ -134,6 +134,7 @@ where
         verifier: verify.is_some(),
         retries: policy.retries,
         verify_response: policy.verify_response,
+        check: cx.is_check(),
     };
     let started = Instant::now();
     let timeline =

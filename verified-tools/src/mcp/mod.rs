@@ -212,7 +212,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         meta: &RequestMetaObject,
     ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.as_ref();
-        let Some(tool) = self.set.get(name) else {
+        if !self.set.lists(name) {
             let outcome = ToolOutcome::no_such_tool(name, self.set.names());
             let message = format!(
                 "{}. {}",
@@ -220,13 +220,14 @@ impl<S: Send + Sync + 'static> McpServer<S> {
                 outcome.instruction.as_deref().unwrap_or_default()
             );
             return Err(ErrorData::invalid_params(message, Some(to_json(&outcome))));
-        };
+        }
+        let window = self.set.get(name).and_then(|t| t.spec().bucket);
         let scope = scope(
             meta_str(meta, IDEMPOTENCY_KEY_META),
             meta_str(meta, TOOL_CALL_ID_META),
             &self.principal,
             &self.session,
-            tool.spec().bucket.unwrap_or(DEFAULT_WINDOW),
+            window.unwrap_or(DEFAULT_WINDOW),
         );
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let cx = self.set.context().clone().with_scope(scope);

@@ -36,6 +36,8 @@ pub mod args;
 mod outcome;
 
 #[cfg(feature = "schema")]
+mod checks;
+#[cfg(feature = "schema")]
 mod def;
 #[cfg(feature = "schema")]
 #[doc(hidden)]
@@ -45,6 +47,8 @@ mod set;
 
 pub use outcome::{Status, ToolOutcome};
 
+#[cfg(feature = "schema")]
+pub use checks::{CHECK_TOOL, Reconciled};
 #[cfg(feature = "schema")]
 pub use def::{CallFn, Has, SchemaFn, ToolDef, ToolFuture};
 #[cfg(feature = "schema")]

@@ -5,9 +5,12 @@ use std::fmt;
 
 use serde_json::{Map, Value, json};
 
+use std::time::Duration;
+
+use super::checks::{CHECK_DESCRIPTION, CHECK_TOOL, Pending, Pendings, Reconciled, check_schema};
 use super::schema::JsonObject;
-use super::{ToolDef, ToolOutcome};
-use crate::{Context, SideEffect};
+use super::{Status, ToolDef, ToolOutcome};
+use crate::{ArgsError, Context, IdempotencyKey, SideEffect};
 
 /// One value that lists a group of verified tools in the formats models are
 /// given tools in, and dispatches their calls by name.
@@ -69,6 +72,8 @@ pub struct ToolSet<S> {
     state: S,
     context: Context,
     tools: Vec<Listed<S>>,
+    /// With [`with_checks`](Self::with_checks): the calls to check.
+    checks: Option<Pendings>,
 }
 
 /// A tool with its schemas, built once.
@@ -96,7 +101,33 @@ impl<S> ToolSet<S> {
     /// An empty set over `state`, calling with `Context::new("verified-tools")`
     /// (an in-memory ledger; see [`with_context`](Self::with_context)).
     pub fn new(state: S) -> Self {
-        Self { state, context: Context::new("verified-tools"), tools: Vec::new() }
+        Self { state, context: Context::new("verified-tools"), tools: Vec::new(), checks: None }
+    }
+
+    /// Keeps the calls that did not succeed (`unknown`, `escalated`,
+    /// `not_applied`) by key, at most `capacity` of them, and lists one more
+    /// tool, [`CHECK_TOOL`] (`check_call {key}`), with which the model learns
+    /// what became of such a call without doing anything again: the call is
+    /// made again as a check ([`Context::for_check`]), so a call in doubt is
+    /// verified, a proven effect is recorded as a success, and nothing is
+    /// dispatched. [`reconcile`](Self::reconcile) checks them all.
+    ///
+    /// The set keeps them in memory: a restarted process knows only the
+    /// ledger's records, which an operator lists and resolves
+    /// ([`Ledger::in_doubt`](crate::ledger::Ledger::in_doubt)).
+    #[must_use]
+    pub fn with_checks(mut self, capacity: usize) -> Self {
+        assert!(
+            self.get(CHECK_TOOL).is_none(),
+            "a tool is named `{CHECK_TOOL}`: give it another `name = \"..\"` to list checks"
+        );
+        self.checks = Some(Pendings::new(capacity));
+        self
+    }
+
+    /// How many calls wait to be checked ([`with_checks`](Self::with_checks)).
+    pub fn pending_checks(&self) -> usize {
+        self.checks.as_ref().map_or(0, Pendings::len)
     }
 
     /// Adds a tool.
@@ -108,7 +139,7 @@ impl<S> ToolSet<S> {
     #[must_use]
     pub fn with(mut self, tool: ToolDef<S>) -> Self {
         assert!(
-            self.get(tool.name()).is_none(),
+            self.get(tool.name()).is_none() && (self.checks.is_none() || tool.name() != CHECK_TOOL),
             "tool `{}` is already in the set: give one of them another `name = \"..\"`",
             tool.name()
         );
@@ -148,6 +179,12 @@ impl<S> ToolSet<S> {
         self.tools.iter().map(|t| &t.def).find(|t| t.name() == name)
     }
 
+    /// Whether the set answers calls of `name`: one of its tools, or
+    /// [`CHECK_TOOL`] when it lists checks.
+    pub fn lists(&self, name: &str) -> bool {
+        self.get(name).is_some() || (self.checks.is_some() && name == CHECK_TOOL)
+    }
+
     /// The tools' names, in order.
     pub fn names(&self) -> impl ExactSizeIterator<Item = &'static str> + '_ {
         self.tools.iter().map(|t| t.def.name())
@@ -157,18 +194,26 @@ impl<S> ToolSet<S> {
     /// llama.cpp and Ollama accept): `[{"type": "function", "function":
     /// {"name", "description", "parameters"}}]`.
     pub fn openai_tools(&self) -> Value {
-        Value::Array(
-            self.tools
-                .iter()
-                .map(|t| json!({"type": "function", "function": t.entry("parameters")}))
-                .collect(),
-        )
+        let function = |entry| json!({"type": "function", "function": entry});
+        let tools = self.tools.iter().map(|t| function(t.entry("parameters")));
+        Value::Array(tools.chain(self.check_entry("parameters").map(function)).collect())
     }
 
     /// The tools as Anthropic's Messages API `tools`: `[{"name",
     /// "description", "input_schema"}]`.
     pub fn anthropic_tools(&self) -> Value {
-        Value::Array(self.tools.iter().map(|t| Value::Object(t.entry("input_schema"))).collect())
+        let tools = self.tools.iter().map(|t| Value::Object(t.entry("input_schema")));
+        Value::Array(tools.chain(self.check_entry("input_schema").map(Value::Object)).collect())
+    }
+
+    /// The check tool's listing entry, when the set lists it.
+    fn check_entry(&self, schema_key: &str) -> Option<Map<String, Value>> {
+        self.checks.as_ref()?;
+        let mut entry = Map::new();
+        entry.insert("name".to_owned(), CHECK_TOOL.into());
+        entry.insert("description".to_owned(), CHECK_DESCRIPTION.into());
+        entry.insert(schema_key.to_owned(), Value::Object(check_schema()));
+        Some(entry)
     }
 
     /// The tools as MCP `Tool`s (the `tools` of a `tools/list` answer):
@@ -190,6 +235,10 @@ impl<S> ToolSet<S> {
                     );
                     Value::Object(tool)
                 })
+                .chain(self.check_entry("inputSchema").map(|mut entry| {
+                    entry.insert("annotations".to_owned(), mcp_annotations(SideEffect::None));
+                    Value::Object(entry)
+                }))
                 .collect(),
         )
     }
@@ -219,11 +268,110 @@ impl<S: Sync> ToolSet<S> {
     }
 
     /// Calls the tool `name` in a context of the caller's choosing (a
-    /// durable step scope, an explicit key, another ledger).
+    /// durable step scope, an explicit key, another ledger). With
+    /// [`with_checks`](Self::with_checks), `name` may be [`CHECK_TOOL`].
     pub async fn call_in(&self, cx: &Context, name: &str, arguments: &Value) -> ToolOutcome {
-        match self.get(name) {
-            Some(tool) => tool.call(cx, &self.state, arguments).await,
-            None => self.no_such_tool(name),
+        if self.checks.is_some() && name == CHECK_TOOL {
+            return self.check_call(arguments).await;
+        }
+        let Some(tool) = self.get(name) else { return self.no_such_tool(name) };
+        let outcome = tool.call(cx, &self.state, arguments).await;
+        if let Some(checks) = &self.checks {
+            let pending = || Pending {
+                tool: tool.name(),
+                arguments: arguments.clone(),
+                scope: cx.scope().cloned(),
+            };
+            checks.note(&outcome, pending);
+        }
+        outcome
+    }
+
+    /// Checks what became of the call with `key` that this set made and
+    /// that did not succeed: the call again, as a check, in its own scope.
+    /// `None` when the set keeps no such call (checks are off, the call
+    /// succeeded, or it was forgotten past the capacity).
+    pub async fn check(&self, key: IdempotencyKey) -> Option<ToolOutcome> {
+        let checks = self.checks.as_ref()?;
+        let pending = checks.get(key)?;
+        let tool = self.get(pending.tool)?;
+        let cx = match pending.scope {
+            Some(scope) => self.context.clone().with_scope(scope),
+            None => self.context.clone(),
+        }
+        .for_check();
+        let outcome = tool.call(&cx, &self.state, &pending.arguments).await;
+        match outcome.status {
+            Status::Success | Status::Failed | Status::NotApplied => checks.close(key),
+            _ => {}
+        }
+        Some(outcome)
+    }
+
+    /// Checks every call this set keeps for checking
+    /// ([`with_checks`](Self::with_checks)), oldest first, and says what
+    /// became of them: those proven or settled are closed (their ledger
+    /// records say so), the others stay to be checked later. A call whose
+    /// last attempt has not settled yet stays in doubt until it has.
+    pub async fn reconcile(&self) -> Reconciled {
+        let keys = self.checks.as_ref().map(Pendings::keys).unwrap_or_default();
+        let mut done = Reconciled::default();
+        for key in keys {
+            let Some(outcome) = self.check(key).await else { continue };
+            done.checked += 1;
+            match outcome.status {
+                Status::Success => done.applied += 1,
+                Status::NotApplied | Status::Failed => done.not_applied += 1,
+                _ => done.in_doubt += 1,
+            }
+        }
+        done
+    }
+
+    /// Runs [`reconcile`](Self::reconcile) every `every`, forever: the
+    /// opt-in background reconciler, so that doubt drains instead of piling
+    /// up. Spawn it (`tokio::spawn(async move { set.reconcile_every(d).await })`
+    /// with the set in an `Arc`) or select on it.
+    pub async fn reconcile_every(&self, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            self.reconcile().await;
+        }
+    }
+
+    /// `check_call {key}`: the model's way to [`check`](Self::check).
+    async fn check_call(&self, arguments: &Value) -> ToolOutcome {
+        let key = arguments
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.get("key"))
+            .and_then(Value::as_str)
+            .map(str::parse::<IdempotencyKey>);
+        let key = match key {
+            Some(Ok(key)) => key,
+            Some(Err(e)) => {
+                return ToolOutcome::invalid_arguments(&ArgsError::new(
+                    CHECK_TOOL,
+                    format!("field `key`: {e}"),
+                ));
+            }
+            None => {
+                return ToolOutcome::invalid_arguments(&ArgsError::new(
+                    CHECK_TOOL,
+                    "the arguments must be {\"key\": \"<32 hex digits>\"}",
+                ));
+            }
+        };
+        match self.check(key).await {
+            Some(outcome) => outcome,
+            None => ToolOutcome::invalid_arguments(&ArgsError::new(
+                CHECK_TOOL,
+                format!(
+                    "no call with key {key} is waiting to be checked: it succeeded or failed \
+                     already, or it was not made by this tool set since it started. To learn \
+                     what became of it, repeat that same call: it checks first"
+                ),
+            )),
         }
     }
 

@@ -1,0 +1,134 @@
+//! The way out of doubt in a tool set: the calls it made that did not
+//! succeed, kept by key with their arguments, so that a model (`check_call`)
+//! or a reconciler can learn what became of them without doing anything.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde_json::{Map, Value, json};
+
+use super::{Status, ToolOutcome};
+use crate::{IdempotencyKey, KeyScope};
+
+/// The name of the check tool a set lists with [`ToolSet::with_checks`](super::ToolSet::with_checks).
+pub const CHECK_TOOL: &str = "check_call";
+
+/// What the check tool says of itself to the model.
+pub(super) const CHECK_DESCRIPTION: &str = "Checks what became of an earlier call of this tool \
+     set whose result was `unknown`, `escalated` or `not_applied`, by its `key`, without doing \
+     anything again: it reads the real state and returns the current truth (`success` when the \
+     effect happened). Use it instead of making the call again.";
+
+/// The arguments' schema of the check tool.
+pub(super) fn check_schema() -> Map<String, Value> {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "key": {
+                "type": "string",
+                "description": "The `key` of the earlier call's result: 32 lowercase hex digits.",
+                "pattern": "^[0-9a-f]{32}$"
+            }
+        },
+        "required": ["key"],
+        "additionalProperties": false
+    });
+    match schema {
+        Value::Object(object) => object,
+        _ => Map::new(),
+    }
+}
+
+/// A call to check again: which tool, with which arguments, in which scope.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    pub(super) tool: &'static str,
+    pub(super) arguments: Value,
+    pub(super) scope: Option<KeyScope>,
+}
+
+/// The calls not known to have succeeded, oldest first, at most `cap`: past
+/// it the oldest is forgotten by the set (its ledger record stays, and an
+/// operator can still list it).
+#[derive(Debug)]
+pub(super) struct Pendings {
+    inner: Mutex<Inner>,
+    cap: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    calls: HashMap<IdempotencyKey, Pending>,
+    order: VecDeque<IdempotencyKey>,
+}
+
+impl Pendings {
+    pub(super) fn new(cap: usize) -> Self {
+        Self { inner: Mutex::default(), cap: cap.max(1) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every update is one insert or removal: nothing half-written.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes how a call ended: kept while its effect is not proven (nor
+    /// refused by the tool), dropped once it is.
+    pub(super) fn note(&self, outcome: &ToolOutcome, pending: impl FnOnce() -> Pending) {
+        let Some(key) = outcome.key else { return };
+        let mut inner = self.lock();
+        match outcome.status {
+            Status::Unknown | Status::Escalated | Status::NotApplied => {
+                if inner.calls.insert(key, pending()).is_none() {
+                    inner.order.push_back(key);
+                }
+                while inner.calls.len() > self.cap {
+                    let Some(oldest) = inner.order.pop_front() else { break };
+                    inner.calls.remove(&oldest);
+                }
+            }
+            Status::Success | Status::Failed => {
+                inner.calls.remove(&key);
+            }
+            Status::Refused | Status::InvalidArguments | Status::NoSuchTool => {}
+        }
+        // Keys removed above leave stale entries in `order`: drop those at
+        // its front so it stays bounded by the live calls.
+        while inner.order.front().is_some_and(|k| !inner.calls.contains_key(k)) {
+            inner.order.pop_front();
+        }
+    }
+
+    /// Forgets a call whose check settled it.
+    pub(super) fn close(&self, key: IdempotencyKey) {
+        self.lock().calls.remove(&key);
+    }
+
+    pub(super) fn get(&self, key: IdempotencyKey) -> Option<Pending> {
+        self.lock().calls.get(&key).cloned()
+    }
+
+    /// The keys to check, oldest first.
+    pub(super) fn keys(&self) -> Vec<IdempotencyKey> {
+        let inner = self.lock();
+        inner.order.iter().filter(|k| inner.calls.contains_key(k)).copied().collect()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.lock().calls.len()
+    }
+}
+
+/// What one pass of [`ToolSet::reconcile`](super::ToolSet::reconcile) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Reconciled {
+    /// Calls checked.
+    pub checked: usize,
+    /// Calls whose effect is now proven (`success`).
+    pub applied: usize,
+    /// Calls now known not to have happened (`not_applied`, `failed`).
+    pub not_applied: usize,
+    /// Calls still in doubt, to check again later.
+    pub in_doubt: usize,
+}
