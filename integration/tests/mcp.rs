@@ -246,13 +246,43 @@ impl Drop for Child {
 
 #[test]
 fn python_sdk_client_over_streamable_http() {
-    use std::io::BufRead as _;
     let Some((python, server)) = python_and_server() else { return };
     let (seed, late) = in_doubt_seed();
     let seed = seed.to_string();
+    let (_child, url) = http_server(&server, &["--level", LEVEL.name(), "--seed", &seed]);
+    let args: Vec<&std::ffi::OsStr> =
+        vec!["--url".as_ref(), url.as_ref(), "--seed".as_ref(), seed.as_ref()];
+    run_python_client(&python, &args, late);
+}
+
+/// Runs `tests/mcp_identity.py` with `args`: the SDK's cancel-and-re-send,
+/// ids in `_meta`, SEP-3182 keys, deliberate repeats, business keys, and
+/// (over HTTP) a second session.
+fn run_python_identity(python: &std::ffi::OsStr, args: &[&std::ffi::OsStr]) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_identity.py");
+    let output = Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", PathBuf::from(python).display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "mcp_identity.py failed:\n{stdout}\n{stderr}");
+    let summary: Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("a JSON summary");
+    assert_eq!(summary["ok"], true);
+    assert_eq!(summary["resent_after_timeout"]["proof"], "ledger");
+    assert_eq!(summary["idempotency_key"]["proof"], "ledger");
+    summary
+}
+
+/// The server over streamable HTTP on a free port, and its URL.
+fn http_server(server: &std::path::Path, args: &[&str]) -> (Child, String) {
+    use std::io::BufRead as _;
     let mut child = Child(
-        Command::new(&server)
-            .args(["--http", "127.0.0.1:0", "--level", LEVEL.name(), "--seed", &seed])
+        Command::new(server)
+            .args(["--http", "127.0.0.1:0"])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -267,7 +297,20 @@ fn python_sdk_client_over_streamable_http() {
         .find(|w| w.starts_with("http://"))
         .unwrap_or_else(|| panic!("no URL in {line:?}"))
         .to_owned();
-    let args: Vec<&std::ffi::OsStr> =
-        vec!["--url".as_ref(), url.as_ref(), "--seed".as_ref(), seed.as_ref()];
-    run_python_client(&python, &args, late);
+    (child, url)
+}
+
+#[test]
+fn python_sdk_identity_over_stdio() {
+    let Some((python, server)) = python_and_server() else { return };
+    let summary = run_python_identity(&python, &["--server".as_ref(), server.as_os_str()]);
+    assert_eq!(summary["transport"], "stdio");
+}
+
+#[test]
+fn python_sdk_identity_over_streamable_http() {
+    let Some((python, server)) = python_and_server() else { return };
+    let (_child, url) = http_server(&server, &["--level", "none", "--latency-ms", "800"]);
+    let summary = run_python_identity(&python, &["--url".as_ref(), url.as_ref()]);
+    assert_eq!(summary["second_session"], true);
 }

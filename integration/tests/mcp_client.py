@@ -33,6 +33,7 @@ TOOLS = [
     "update_record_fields",
     "set_record_status",
     "read_record",
+    "check_call",
 ]
 
 
@@ -63,7 +64,7 @@ async def run(args):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             check(init.server_info.name == "verified-tools-sim", f"server info: {init.server_info}")
-            check("tool_call_id" in (init.instructions or ""), "the instructions say how to repeat a call")
+            check("same call again" in (init.instructions or ""), "the instructions say how to repeat a call")
 
             # tools/list: names, schemas, annotations.
             listed = await session.list_tools()

@@ -84,7 +84,9 @@ fn main() -> ExitCode {
             let margin = settle_margin(&config);
             context = context.map_policies(|_, policy| policy.with_settle(margin));
         }
-        let tools = tool_set(SimClient::new(server, true)).with_context(context);
+        // `check_call {key}`: the model's way out of doubt.
+        let tools =
+            tool_set(SimClient::new(server, true)).with_context(context).with_checks(10_000);
         let count = tools.names().count();
         let mcp = McpServer::new(tools).with_name("verified-tools-sim", env!("CARGO_PKG_VERSION"));
         match args.http {

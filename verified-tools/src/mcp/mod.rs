@@ -64,7 +64,7 @@ use serde_json::Value;
 use crate::KeyScope;
 #[cfg(doc)]
 use crate::toolset::mcp_annotations;
-use crate::toolset::{ToolOutcome, ToolSet};
+use crate::toolset::{CHECK_TOOL, ToolOutcome, ToolSet};
 
 pub use rmcp;
 
@@ -76,6 +76,11 @@ pub const TOOL_CALL_ID_META: &str = "verified-tools/tool_call_id";
 /// `tools/call`'s SEP-3182 `idempotencyKey` (rmcp's params type has no field
 /// for it).
 pub const IDEMPOTENCY_KEY_META: &str = "verified-tools/idempotency_key";
+
+/// What the instructions add when the set lists [`CHECK_TOOL`].
+pub const CHECK_INSTRUCTIONS: &str = "To learn what became of a call whose result was \
+     `unknown`, `escalated` or `not_applied`, call `check_call` with its `key`: it does nothing \
+     again.";
 
 /// The experimental capability the server advertises for SEP-3182
 /// idempotency keys on `tools/call`.
@@ -138,10 +143,14 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// A server of a set shared with other servers (stdio and HTTP at once,
     /// or one per HTTP session).
     pub fn shared(set: Arc<ToolSet<S>>) -> Self {
+        let instructions = match set.lists(CHECK_TOOL) {
+            true => Cow::Owned(format!("{INSTRUCTIONS} {CHECK_INSTRUCTIONS}")),
+            false => Cow::Borrowed(INSTRUCTIONS),
+        };
         Self {
             set,
             info: Implementation::new("verified-tools", env!("CARGO_PKG_VERSION")),
-            instructions: Cow::Borrowed(INSTRUCTIONS),
+            instructions,
             session: new_session(),
             principal: Arc::from(ANONYMOUS),
         }
