@@ -67,6 +67,11 @@ use crate::toolset::mcp_annotations;
 use crate::toolset::{CHECK_TOOL, ToolOutcome, ToolSet};
 
 pub use rmcp;
+pub use wire::{
+    DEFAULT_MAX_MESSAGE_BYTES, HttpResponse, HttpService, IDEMPOTENCY_KEY_META, serve_lines,
+};
+
+mod wire;
 
 /// The `_meta` key of a `tools/call` request that carries the client's id
 /// of the tool call: the identity of the logical call (its key scope).
