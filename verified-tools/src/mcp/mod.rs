@@ -58,7 +58,7 @@ use rmcp::service::RequestContext;
 use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 
 use crate::KeyScope;
@@ -76,11 +76,6 @@ mod wire;
 /// The `_meta` key of a `tools/call` request that carries the client's id
 /// of the tool call: the identity of the logical call (its key scope).
 pub const TOOL_CALL_ID_META: &str = "verified-tools/tool_call_id";
-
-/// The `_meta` key under which the wire layer hands the handler a
-/// `tools/call`'s SEP-3182 `idempotencyKey` (rmcp's params type has no field
-/// for it).
-pub const IDEMPOTENCY_KEY_META: &str = "verified-tools/idempotency_key";
 
 /// What the instructions add when the set lists [`CHECK_TOOL`].
 pub const CHECK_INSTRUCTIONS: &str = "To learn what became of a call whose result was \
@@ -261,23 +256,26 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     ///
     /// When the MCP handshake fails, or the serving task panics.
     pub async fn serve_stdio(self) -> std::io::Result<()> {
-        let running = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
-        running.waiting().await.map_err(std::io::Error::other)?;
-        Ok(())
+        // Through the wire layer: every line gets an answer, and a
+        // SEP-3182 `idempotencyKey` reaches the handler.
+        let (input, output) = (tokio::io::stdin(), tokio::io::stdout());
+        serve_lines(self, input, output, DEFAULT_MAX_MESSAGE_BYTES).await.map(drop)
     }
 
     /// The streamable HTTP endpoint as a tower service (one session per
     /// client, kept in memory), to mount under a path of an axum or hyper
-    /// server. Accepts `localhost` hosts only (DNS rebinding protection); see
-    /// rmcp's `StreamableHttpServerConfig`.
-    pub fn http_service(self) -> StreamableHttpService<Self, LocalSessionManager> {
+    /// server: rmcp's service behind the wire layer ([`HttpService`]: every
+    /// POST answered, SEP-3182 keys delivered). Accepts `localhost` hosts
+    /// only (DNS rebinding protection); see rmcp's
+    /// `StreamableHttpServerConfig`.
+    pub fn http_service(self) -> HttpService<Self, LocalSessionManager> {
         // rmcp asks the factory once per session (at `initialize`): each
         // HTTP session gets a session identity of its own.
-        StreamableHttpService::new(
+        HttpService::new(StreamableHttpService::new(
             move || Ok(self.new_session()),
             Arc::new(LocalSessionManager::default()),
             StreamableHttpServerConfig::default(),
-        )
+        ))
     }
 
     /// Serves streamable HTTP on `listener` (HTTP/1.1, every path; clients
