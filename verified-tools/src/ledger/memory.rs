@@ -17,19 +17,111 @@ use crate::{IdempotencyKey, PayloadDigest};
 
 const SHARDS: usize = 64;
 
+/// Tombstones per record of the cap unless set otherwise.
+const TOMBSTONES_PER_RECORD: usize = 4;
+
+/// Tombstones per shard at least unless set otherwise (4,096 in all, about
+/// 300 KB): a small record cap still recognises repeats thousands of calls
+/// later.
+const MIN_SHARD_TOMBSTONES: usize = 64;
+
+/// The stamp of a completed call's tombstone; one in doubt carries the stamp
+/// of its queue entry instead.
+const COMPLETED: u64 = u64::MAX;
+
+/// Stale entries a doubt queue keeps beyond twice its live ones before it is
+/// compacted: enough that compaction is rare, amortized O(1) per entry.
+const STALE_SLACK: usize = 16;
+
+/// What a claim of a key whose doubt was compacted resumes with: nothing is
+/// known but "it may have happened", so the most conservative progress. No
+/// attempt left, after an OK answer (nothing is dispatched again under the
+/// key), never settled (an `Absent` read is not believed).
+const COMPACTED_DOUBT: Progress =
+    Progress { attempts: u32::MAX, after_ok: true, settle: Settle::Never };
+
 /// The default ledger: records in this process, sharded so that workers do
-/// not contend on one lock, bounded by a record cap.
+/// not contend on one lock, bounded in memory.
 ///
-/// - Completed and settled records live for a TTL (24 h, as Stripe keeps
-///   keys). They sit in a per-shard queue in the order they finished; expired
-///   ones are dropped from its front as calls come, and when a shard reaches
-///   its share of the cap the oldest finished record is evicted early.
-/// - Records in doubt and held keys are never evicted: when a shard is full
-///   of them, a claim fails with [`LedgerError::Full`] and the call is
-///   refused before it dispatches.
-/// - Time is tokio's ([`tokio::time::Instant`]): the caller's reading of it
-///   in [`ClaimRequest::now`], so a call reads the clock once; leases and
-///   TTLs follow paused time in tests.
+/// # Three bounds
+///
+/// Keys are uniform hashes spread over 64 shards; each shard keeps 1/64 of
+/// each bound.
+///
+/// - **Held and finished records**: [`capacity`](Self::capacity)
+///   ([`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) by default). Completed and
+///   settled records live for a TTL (24 h, as Stripe keeps keys). They sit in
+///   a per-shard queue in the order they finished; expired ones are dropped
+///   from its front as calls come, and when a shard reaches its share of the
+///   cap the oldest finished record is evicted early. Held keys are never
+///   evicted: a claim of a new key fails with [`LedgerError::Full`] (the call
+///   is refused before it dispatches) only when its shard's share is all
+///   held, i.e. by calls in flight, which the caller's concurrency bounds.
+/// - **Records in doubt**: [`doubt_capacity`](Self::doubt_capacity) (the
+///   record cap by default). They never expire. When a shard holds more than
+///   its share, the oldest is compacted into a tombstone: never dropped, and
+///   never a reason to refuse a call.
+/// - **Tombstones**: [`tombstone_capacity`](Self::tombstone_capacity) (4 ×
+///   the record cap by default, at least 4,096;
+///   [`with_tombstones`](Self::with_tombstones)).
+///
+/// # Tombstones
+///
+/// A tombstone keeps what a repeat must know of a record the bounds pushed
+/// out, in 16 bytes: the low 64 bits of its key and of its payload
+/// fingerprint.
+///
+/// - A **completed** record evicted early by the cap (not one whose TTL
+///   passed) leaves a tombstone that expires when the record would have. A
+///   repeat of the key with the same fingerprint is answered
+///   [`Claimed::Completed`]`(`[`Replay::Unrecorded`]`)`: the engine obtains
+///   the value by verifying, and never dispatches again; with another
+///   fingerprint, [`Claimed::Mismatch`]. A settled record leaves none: its
+///   effect is known absent, so forgetting it only renews its budget.
+/// - A record **in doubt** compacted leaves a tombstone that never expires.
+///   A repeat of the key is answered [`Claimed::Resume`] with the most
+///   conservative progress (`attempts: u32::MAX`, `after_ok: true`,
+///   [`Settle::Never`]): the engine verifies first, dispatches nothing more
+///   under the key, and does not believe an `Absent` read. The key becomes a
+///   full held record again.
+///
+/// The horizon: a repeat of a completed call is recognised until its shard
+/// has taken its share of capacity + tombstone capacity later calls (about
+/// that many calls in all, keys being uniform), or for the TTL, whichever
+/// is shorter; less the in-doubt tombstones its shard keeps. When the
+/// tombstones overflow, the oldest completed tombstones go first, and only
+/// then the oldest in doubt: that is the hard bound. A call in doubt is
+/// forgotten only once its shard's share of doubt capacity + tombstone
+/// capacity later calls ended in doubt with no completed tombstone left to
+/// drop ([`forgotten`](Self::forgotten) counts them, and a `tracing` warning
+/// tells of the 1st, 2nd, 4th, 8th, ... in a shard).
+///
+/// Why compact rather than refuse: the memory ledger's guarantees end with
+/// the process anyway, and 16 bytes keep the knowledge that matters, "verify
+/// before dispatching", at a fraction of a record's memory. Refusing every
+/// new call once 100,000 calls are in doubt would turn a bounded fault into
+/// an outage.
+///
+/// A false positive needs a new key whose low 64 bits equal a tombstone's in
+/// its shard: at most 2<sup>-64</sup> per tombstone per claim (below
+/// 2<sup>-51</sup> at the default bound). It costs a verification instead of
+/// a dispatch, or, should the fingerprints differ, a refusal as key reuse.
+///
+/// Memory, measured with the bounds full (hash tables and queues with their
+/// growth slack included): 64 bytes per completed tombstone, 53 per
+/// tombstone in doubt, so about 26 MB for the default 400,000 tombstones of
+/// 100,000 records, reached only after as many evictions. The 100,000
+/// records themselves take about 19 MB (190 bytes each, a small value's
+/// allocation included).
+///
+/// # Time
+///
+/// Time is tokio's ([`tokio::time::Instant`]): the caller's reading of it in
+/// [`ClaimRequest::now`], so a call reads the clock once; leases and TTLs
+/// follow paused time in tests. A record or tombstone expires when it
+/// reaches the front of its queue past its TTL: one queued behind a record
+/// that finished later but was claimed earlier lives up to that call's
+/// duration longer.
 ///
 /// Its guarantees end with the process: use `SqliteLedger` or `RedisLedger`
 /// for calls that must survive a restart or be shared.
@@ -54,8 +146,22 @@ pub struct MemoryLedger {
     fences: AtomicU64,
     ttl: Duration,
     lease: Duration,
-    /// Records per shard at most.
+    /// Held and finished records per shard at most.
     shard_cap: usize,
+    /// Records in doubt per shard before the oldest is compacted (`None`:
+    /// `shard_cap`, following [`MemoryLedger::with_capacity`]).
+    shard_doubt: Option<usize>,
+    /// Tombstones per shard at most (`None`: `TOMBSTONES_PER_RECORD` ×
+    /// `shard_cap`, at least `MIN_SHARD_TOMBSTONES`).
+    shard_tombs: Option<usize>,
+}
+
+/// The per-shard bounds, resolved once per operation.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    records: usize,
+    doubt: usize,
+    tombs: usize,
 }
 
 /// One shard on its own cache line, so two workers locking neighbouring
@@ -70,6 +176,40 @@ struct Shard {
     /// expiry they had when queued. An entry whose record has changed since
     /// is stale and skipped.
     finished: VecDeque<(Instant, u128)>,
+    /// Records in doubt, oldest first, with the stamp each got. An entry
+    /// whose record no longer has that stamp (it was resumed) is stale.
+    doubt: VecDeque<(u64, u128)>,
+    /// Entries of `map` in doubt: they count against the doubt bound, the
+    /// others against the record cap.
+    doubts: usize,
+    /// The last stamp given, in this shard.
+    stamps: u64,
+    tombs: Tombs,
+}
+
+/// Records the bounds pushed out, compacted to what a repeat must know.
+#[derive(Default)]
+struct Tombs {
+    /// By the key's low 64 bits, which are the hash (`KeyHasher`).
+    map: HashMap<u64, Tomb, BuildHasherDefault<KeyHasher>>,
+    /// Completed tombstones, oldest first, with their expiry: nothing but
+    /// this queue removes one, so every entry is live.
+    done: VecDeque<(Instant, u64)>,
+    /// In-doubt tombstones, oldest first, with their stamp; stale once the
+    /// key was claimed again.
+    doubt: VecDeque<(u64, u64)>,
+    /// Entries of `map` in doubt.
+    doubts: usize,
+    /// In-doubt tombstones dropped at the hard bound.
+    forgotten: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tomb {
+    /// The payload fingerprint's low 64 bits.
+    fingerprint: u64,
+    /// [`COMPLETED`], or the stamp of the in-doubt queue's entry.
+    stamp: u64,
 }
 
 struct Entry {
@@ -87,7 +227,10 @@ enum State {
         fence: Fence,
         since: Instant,
     },
-    InDoubt,
+    /// In doubt since the shard's stamp `stamp` (its doubt queue entry).
+    InDoubt {
+        stamp: u64,
+    },
     Settled {
         expires: Instant,
     },
@@ -101,7 +244,7 @@ impl Entry {
     fn expires(&self) -> Option<Instant> {
         match self.state {
             State::Settled { expires } | State::Done { expires, .. } => Some(expires),
-            State::Held { .. } | State::InDoubt => None,
+            State::Held { .. } | State::InDoubt { .. } => None,
         }
     }
 
@@ -125,6 +268,9 @@ impl std::fmt::Debug for MemoryLedger {
         f.debug_struct("MemoryLedger")
             .field("records", &self.len())
             .field("capacity", &self.capacity())
+            .field("doubt_capacity", &self.doubt_capacity())
+            .field("tombstones", &self.tombstones())
+            .field("tombstone_capacity", &self.tombstone_capacity())
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
             .finish()
@@ -136,7 +282,8 @@ impl MemoryLedger {
     pub const DEFAULT_CAPACITY: usize = 100_000;
 
     /// An empty ledger: records live 24 hours, keys are leased for 10
-    /// minutes, at most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) records.
+    /// minutes, at most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) held and
+    /// finished records, as many in doubt, and 4 times as many tombstones.
     pub fn new() -> Self {
         let shards = (0..SHARDS).map(|_| Padded(Mutex::default())).collect();
         Self {
@@ -145,12 +292,14 @@ impl MemoryLedger {
             ttl: Duration::from_secs(24 * 3600),
             lease: Duration::from_secs(600),
             shard_cap: Self::DEFAULT_CAPACITY.div_ceil(SHARDS),
+            shard_doubt: None,
+            shard_tombs: None,
         }
     }
 
-    /// Sets how long completed and settled records are kept. Records in
-    /// doubt never expire: forgetting one would let the next call dispatch
-    /// without verifying.
+    /// Sets how long completed and settled records, and the tombstones of
+    /// completed ones, are kept. Records in doubt never expire: forgetting
+    /// one would let the next call dispatch without verifying.
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -165,33 +314,96 @@ impl MemoryLedger {
         self
     }
 
-    /// Sets the record cap (rounded up to a multiple of the shard count).
-    /// The oldest finished records are evicted first; records in doubt never.
+    /// Sets the cap on held and finished records (rounded up to a multiple
+    /// of the shard count). The oldest finished records are evicted first,
+    /// completed ones leaving a tombstone; held ones never. Unless set on
+    /// their own, the doubt bound follows it, and the tombstone bound is 4
+    /// times it (at least 4,096).
     pub fn with_capacity(mut self, records: usize) -> Self {
         self.shard_cap = records.div_ceil(SHARDS).max(1);
         self
     }
 
-    /// The record cap.
+    /// Sets how many records in doubt are kept in full (rounded up to a
+    /// multiple of the shard count; the record cap by default). Past it, the
+    /// oldest in doubt is compacted into a tombstone.
+    pub fn with_doubt_capacity(mut self, records: usize) -> Self {
+        self.shard_doubt = Some(records.div_ceil(SHARDS).max(1));
+        self
+    }
+
+    /// Sets how many tombstones are kept (rounded up to a multiple of the
+    /// shard count, at least one per shard; 4 times the record cap by
+    /// default, at least 4,096). Past it, the oldest completed tombstone
+    /// goes, or if none is left, the oldest in doubt: see the
+    /// [type docs](Self) for the horizon this gives and the memory it takes.
+    pub fn with_tombstones(mut self, tombstones: usize) -> Self {
+        self.shard_tombs = Some(tombstones.div_ceil(SHARDS).max(1));
+        self
+    }
+
+    /// The cap on held and finished records.
     pub fn capacity(&self) -> usize {
         self.shard_cap * SHARDS
     }
 
-    /// How many keys are recorded (expired records not yet dropped included).
+    /// How many records in doubt are kept in full before the oldest is
+    /// compacted into a tombstone.
+    pub fn doubt_capacity(&self) -> usize {
+        self.bounds().doubt * SHARDS
+    }
+
+    /// The bound on tombstones.
+    pub fn tombstone_capacity(&self) -> usize {
+        self.bounds().tombs * SHARDS
+    }
+
+    /// How many keys are recorded in full: held, finished (expired records
+    /// not yet dropped included) and in doubt. At most
+    /// [`capacity`](Self::capacity) + [`doubt_capacity`](Self::doubt_capacity),
+    /// plus the keys resumed from doubt while their shard was all held.
+    /// Tombstones are counted by [`tombstones`](Self::tombstones).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(&s.0).map.len()).sum()
     }
 
-    /// Whether no key is recorded.
+    /// Whether no key is recorded in full (tombstones aside).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every expired record now, rather than as calls come.
+    /// How many tombstones are kept (expired ones not yet dropped included):
+    /// at most [`tombstone_capacity`](Self::tombstone_capacity).
+    pub fn tombstones(&self) -> usize {
+        self.shards.iter().map(|s| lock(&s.0).tombs.map.len()).sum()
+    }
+
+    /// How many calls in doubt this ledger has forgotten at the hard bound:
+    /// their tombstones were the oldest when the tombstones overflowed and
+    /// no completed one was left to drop. A repeat of such a call is a fresh
+    /// call. Zero until about doubt capacity + tombstone capacity calls are
+    /// in doubt at once.
+    pub fn forgotten(&self) -> u64 {
+        self.shards.iter().map(|s| lock(&s.0).tombs.forgotten).sum()
+    }
+
+    /// Drops every expired record and tombstone now, rather than as calls
+    /// come.
     pub fn purge_expired(&self) {
         let now = Instant::now();
         for shard in self.shards.iter() {
             lock(&shard.0).drop_expired(now);
+        }
+    }
+
+    fn bounds(&self) -> Bounds {
+        let records = self.shard_cap;
+        Bounds {
+            records,
+            doubt: self.shard_doubt.unwrap_or(records),
+            tombs: self.shard_tombs.unwrap_or_else(|| {
+                records.saturating_mul(TOMBSTONES_PER_RECORD).max(MIN_SHARD_TOMBSTONES)
+            }),
         }
     }
 
@@ -209,7 +421,15 @@ impl MemoryLedger {
         if let Some((previous, fingerprint)) = request.previous {
             let mut shard = self.shard(previous);
             shard.drop_expired(now);
-            if shard.map.get(&previous.as_u128()).is_some_and(|e| e.fingerprint == fingerprint) {
+            let p = previous.as_u128();
+            let recorded = match shard.map.get(&p) {
+                Some(entry) => entry.fingerprint == fingerprint,
+                // A record the bounds compacted answers for its key as well.
+                None => {
+                    shard.tombs.get(p as u64).is_some_and(|t| t.fingerprint == low(fingerprint))
+                }
+            };
+            if recorded {
                 let state = self.take(&mut shard, previous, fingerprint, request.first, now)?;
                 return Ok(Claim { key: previous, state });
             }
@@ -231,7 +451,12 @@ impl MemoryLedger {
     ) -> Result<Claimed, LedgerError> {
         let k = key.as_u128();
         let Some(entry) = shard.map.get_mut(&k) else {
-            if shard.map.len() >= self.shard_cap && !shard.evict_one() {
+            let bounds = self.bounds();
+            // One lookup decides whether the key is new or was pushed out.
+            if let Some(tomb) = shard.tombs.get(k as u64) {
+                return Ok(self.exhume(shard, k, fingerprint, tomb, now, bounds));
+            }
+            if !shard.make_room(1, bounds) {
                 return Err(LedgerError::Full(self.capacity()));
             }
             let fence = self.fence();
@@ -249,41 +474,132 @@ impl MemoryLedger {
             State::Held { since, .. } if now < later(*since, self.lease) => {
                 Ok(Claimed::InFlight(later(*since, self.lease) - now))
             }
-            // In doubt, settled with budget left, or held past the lease (the
-            // holder may have dispatched): the taker verifies first.
-            State::Held { .. } | State::InDoubt | State::Settled { .. } => {
+            State::InDoubt { .. } => {
+                let fence = self.fence();
+                entry.state = State::Held { fence, since: now };
+                let progress = entry.progress(now);
+                // Held, it counts against the record cap again.
+                shard.doubts -= 1;
+                shard.make_room(0, self.bounds());
+                Ok(Claimed::Resume(fence, progress))
+            }
+            // Settled with budget left, or held past the lease (the holder
+            // may have dispatched): the taker verifies first.
+            State::Held { .. } | State::Settled { .. } => {
                 let fence = self.fence();
                 entry.state = State::Held { fence, since: now };
                 Ok(Claimed::Resume(fence, entry.progress(now)))
             }
         }
     }
+
+    /// The claim of a key found only as a tombstone.
+    fn exhume(
+        &self,
+        shard: &mut Shard,
+        k: u128,
+        fingerprint: PayloadDigest,
+        tomb: Tomb,
+        now: Instant,
+        bounds: Bounds,
+    ) -> Claimed {
+        if tomb.fingerprint != low(fingerprint) {
+            return Claimed::Mismatch;
+        }
+        if tomb.stamp == COMPLETED {
+            return Claimed::Completed(Replay::Unrecorded);
+        }
+        shard.tombs.exhume(k as u64);
+        let fence = self.fence();
+        let state = State::Held { fence, since: now };
+        let Progress { attempts, after_ok, .. } = COMPACTED_DOUBT;
+        shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at: None });
+        // A shard all held takes it over its cap rather than refuse a call
+        // known in doubt: held records are bounded by the calls in flight.
+        shard.make_room(0, bounds);
+        Claimed::Resume(fence, COMPACTED_DOUBT)
+    }
 }
 
 impl Shard {
-    /// Drops the expired records at the front of the finished queue.
+    /// Drops the expired records and tombstones at the front of their
+    /// queues.
     #[inline]
     fn drop_expired(&mut self, now: Instant) {
         while let Some(&(expires, key)) = self.finished.front() {
             if expires > now {
-                return;
+                break;
             }
             self.finished.pop_front();
             if self.map.get(&key).and_then(Entry::expires) == Some(expires) {
                 self.map.remove(&key);
             }
         }
+        self.tombs.drop_expired(now);
     }
 
-    /// Evicts the oldest finished record; `false` if there is none.
-    fn evict_one(&mut self) -> bool {
-        while let Some((expires, key)) = self.finished.pop_front() {
-            if self.map.get(&key).and_then(Entry::expires) == Some(expires) {
-                self.map.remove(&key);
-                return true;
+    /// Held and finished records: those the record cap counts.
+    fn live(&self) -> usize {
+        self.map.len() - self.doubts
+    }
+
+    /// Evicts the oldest finished records until `incoming` more fit under
+    /// the cap; `false` if the rest are held.
+    fn make_room(&mut self, incoming: usize, bounds: Bounds) -> bool {
+        while self.live() + incoming > bounds.records {
+            if !self.evict_one(bounds) {
+                return false;
             }
         }
+        true
+    }
+
+    /// Evicts the oldest finished record, a completed one into a tombstone;
+    /// `false` if there is none.
+    fn evict_one(&mut self, bounds: Bounds) -> bool {
+        while let Some((expires, key)) = self.finished.pop_front() {
+            if self.map.get(&key).and_then(Entry::expires) != Some(expires) {
+                continue;
+            }
+            if let Some(Entry { state: State::Done { .. }, fingerprint, .. }) =
+                self.map.remove(&key)
+            {
+                self.tombs.bury_completed(key as u64, low(fingerprint), expires, bounds.tombs);
+            }
+            return true;
+        }
         false
+    }
+
+    /// The held record of `key` is now in doubt; past the doubt bound, the
+    /// oldest in doubt is compacted.
+    fn doubt(&mut self, key: u128, bounds: Bounds) {
+        self.stamps += 1;
+        let stamp = self.stamps;
+        let Some(entry) = self.map.get_mut(&key) else { return };
+        entry.state = State::InDoubt { stamp };
+        self.doubts += 1;
+        self.doubt.push_back((stamp, key));
+        if self.doubt.len() > 2 * self.doubts + STALE_SLACK {
+            self.doubt.retain(|&(stamp, key)| in_doubt(self.map.get(&key), stamp));
+        }
+        if self.doubts > bounds.doubt {
+            self.compact_oldest_doubt(bounds);
+        }
+    }
+
+    /// Compacts the oldest record in doubt into a tombstone.
+    fn compact_oldest_doubt(&mut self, bounds: Bounds) {
+        while let Some((stamp, key)) = self.doubt.pop_front() {
+            if !in_doubt(self.map.get(&key), stamp) {
+                continue;
+            }
+            if let Some(entry) = self.map.remove(&key) {
+                self.doubts -= 1;
+                self.tombs.bury_in_doubt(key as u64, low(entry.fingerprint), stamp, bounds.tombs);
+            }
+            return;
+        }
     }
 
     /// The entry of `key` if `fence` holds it.
@@ -295,6 +611,109 @@ impl Shard {
             _ => Err(LedgerError::Fenced(fence)),
         }
     }
+}
+
+impl Tombs {
+    #[inline]
+    fn get(&self, key: u64) -> Option<Tomb> {
+        self.map.get(&key).copied()
+    }
+
+    /// Drops the expired completed tombstones at the front of their queue
+    /// (in-doubt ones never expire).
+    #[inline]
+    fn drop_expired(&mut self, now: Instant) {
+        while let Some(&(expires, key)) = self.done.front() {
+            if expires > now {
+                return;
+            }
+            self.done.pop_front();
+            self.remove_completed(key);
+        }
+    }
+
+    fn remove_completed(&mut self, key: u64) -> bool {
+        let completed = self.map.get(&key).is_some_and(|t| t.stamp == COMPLETED);
+        if completed {
+            self.map.remove(&key);
+        }
+        completed
+    }
+
+    fn bury_completed(&mut self, key: u64, fingerprint: u64, expires: Instant, cap: usize) {
+        self.make_room(cap);
+        self.insert(key, Tomb { fingerprint, stamp: COMPLETED });
+        self.done.push_back((expires, key));
+    }
+
+    fn bury_in_doubt(&mut self, key: u64, fingerprint: u64, stamp: u64, cap: usize) {
+        self.make_room(cap);
+        self.insert(key, Tomb { fingerprint, stamp });
+        self.doubts += 1;
+        self.doubt.push_back((stamp, key));
+        if self.doubt.len() > 2 * self.doubts + STALE_SLACK {
+            self.doubt.retain(|&(stamp, key)| self.map.get(&key).is_some_and(|t| t.stamp == stamp));
+        }
+    }
+
+    fn insert(&mut self, key: u64, tomb: Tomb) {
+        // Two keys of a shard share their low 64 bits with odds of 2^-64:
+        // the later replaces the earlier, and the counts stay true.
+        if let Some(old) = self.map.insert(key, tomb)
+            && old.stamp != COMPLETED
+        {
+            self.doubts -= 1;
+        }
+    }
+
+    /// The in-doubt tombstone of `key` becomes a record again (its queue
+    /// entry is now stale).
+    fn exhume(&mut self, key: u64) {
+        if self.map.remove(&key).is_some_and(|t| t.stamp != COMPLETED) {
+            self.doubts -= 1;
+        }
+    }
+
+    /// Drops the oldest tombstones until one more fits under `cap`: the
+    /// completed ones first, as the contract lets those be forgotten (their
+    /// TTL does), never a call in doubt; then, the hard bound, the oldest in
+    /// doubt.
+    fn make_room(&mut self, cap: usize) {
+        while self.map.len() >= cap {
+            if !self.drop_oldest() {
+                return;
+            }
+        }
+    }
+
+    fn drop_oldest(&mut self) -> bool {
+        while let Some((_, key)) = self.done.pop_front() {
+            if self.remove_completed(key) {
+                return true;
+            }
+        }
+        while let Some((stamp, key)) = self.doubt.pop_front() {
+            if self.map.get(&key).is_some_and(|t| t.stamp == stamp) {
+                self.map.remove(&key);
+                self.doubts -= 1;
+                self.forgotten += 1;
+                #[cfg(feature = "tracing")]
+                if self.forgotten.is_power_of_two() {
+                    tracing::warn!(
+                        forgotten = self.forgotten,
+                        "the memory ledger's tombstones overflowed: a call in doubt was \
+                         forgotten, and a repeat of it would dispatch without verifying"
+                    );
+                }
+                return true;
+            }
+        }
+        false
+    }
+}
+
+fn in_doubt(entry: Option<&Entry>, stamp: u64) -> bool {
+    matches!(entry, Some(Entry { state: State::InDoubt { stamp: s }, .. }) if *s == stamp)
 }
 
 impl Ledger for MemoryLedger {
@@ -335,17 +754,22 @@ impl Ledger for MemoryLedger {
         entry.state = match end {
             End::Completed(value) => State::Done { value: Replay::Local(value.local()), expires },
             End::Settled => State::Settled { expires },
-            End::InDoubt => State::InDoubt,
+            End::InDoubt => {
+                shard.doubt(key.as_u128(), self.bounds());
+                return LedgerFuture::ready(Ok(()));
+            }
         };
-        if entry.expires().is_some() {
-            shard.finished.push_back((expires, key.as_u128()));
-        }
+        shard.finished.push_back((expires, key.as_u128()));
+        // Keys resumed from doubt while the shard was all held took it over
+        // its cap: the excess goes as their holds end.
+        shard.make_room(0, self.bounds());
         LedgerFuture::ready(Ok(()))
     }
 
     fn abandon(&self, key: IdempotencyKey, fence: Fence) {
-        if let Ok(entry) = self.shard(key).held(key, fence) {
-            entry.state = State::InDoubt;
+        let mut shard = self.shard(key);
+        if shard.held(key, fence).is_ok() {
+            shard.doubt(key.as_u128(), self.bounds());
         }
     }
 
@@ -369,9 +793,14 @@ fn settle_at(now: Instant, settle: Settle) -> Option<Instant> {
     }
 }
 
+/// What a tombstone keeps of a fingerprint.
+fn low(fingerprint: PayloadDigest) -> u64 {
+    fingerprint.as_u128() as u64
+}
+
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // Every update is a single insert or assignment: a panic elsewhere
-    // cannot leave an entry half-written.
+    // Every update leaves the shard consistent at each step a panic could
+    // interrupt (an insert, a removal, an assignment, a count after it).
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -386,8 +815,8 @@ impl Hasher for KeyHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only reached for non-u128 input, which this map never hashes; fold
-        // it in anyway rather than ignore it.
+        // Only reached for input other than u128 and u64, which these maps
+        // never hash; fold it in anyway rather than ignore it.
         for &b in bytes {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
@@ -395,5 +824,140 @@ impl Hasher for KeyHasher {
 
     fn write_u128(&mut self, key: u128) {
         self.0 = key as u64;
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        // A tombstone's key: the low 64 bits of a key.
+        self.0 = key;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Key `n` of shard 7 (the shard is picked by the high 64 bits).
+    fn key(n: u64) -> IdempotencyKey {
+        IdempotencyKey::from_u128((7u128 << 64) | u128::from(n + 1))
+    }
+
+    fn request(key: IdempotencyKey, now: Instant) -> ClaimRequest {
+        let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
+        ClaimRequest { key, fingerprint: PayloadDigest::from_u128(1), previous: None, first, now }
+    }
+
+    struct Value;
+
+    impl super::super::Recorded for Value {
+        fn local(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+            Arc::new(())
+        }
+
+        fn encode(&self) -> Option<Vec<u8>> {
+            None
+        }
+    }
+
+    /// What every operation must leave true of a shard.
+    fn check(shard: &Shard, bounds: Bounds) {
+        let in_doubt = shard.map.values().filter(|e| matches!(e.state, State::InDoubt { .. }));
+        assert_eq!(shard.doubts, in_doubt.count(), "the doubt count is the map's");
+        assert!(shard.doubts <= bounds.doubt, "records in doubt past their bound");
+        let held = shard.map.values().filter(|e| matches!(e.state, State::Held { .. })).count();
+        assert!(shard.live() <= bounds.records.max(held), "records past the cap, not all held");
+        // A resume leaves a stale entry; a push compacts the queue past twice
+        // the live ones, so its length is bounded by the bound's.
+        assert!(shard.doubt.len() <= 2 * (bounds.doubt + 1) + STALE_SLACK, "stale entries pile up");
+        let tombs = &shard.tombs;
+        assert!(tombs.map.len() <= bounds.tombs, "tombstones past their bound");
+        let doubt_tombs = tombs.map.values().filter(|t| t.stamp != COMPLETED).count();
+        assert_eq!(tombs.doubts, doubt_tombs, "the doubt tombstone count is the map's");
+        assert_eq!(
+            tombs.done.len(),
+            tombs.map.len() - tombs.doubts,
+            "one queue entry per completed tombstone"
+        );
+        assert!(tombs.doubt.len() <= 2 * bounds.tombs + STALE_SLACK, "stale entries pile up");
+        for (&k, tomb) in &tombs.map {
+            assert!(!shard.map.keys().any(|&r| r as u64 == k), "a key both recorded and buried");
+            if tomb.stamp != COMPLETED {
+                assert!(
+                    tombs.doubt.contains(&(tomb.stamp, k)),
+                    "a doubt tombstone out of its queue"
+                );
+            }
+        }
+        for (&k, entry) in &shard.map {
+            if let State::InDoubt { stamp } = entry.state {
+                assert!(shard.doubt.contains(&(stamp, k)), "a record in doubt out of its queue");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_operation_keeps_the_counts_queues_and_bounds_of_its_shard() {
+        // 2 records, 2 in doubt and 5 tombstones per shard; 12 keys of one
+        // shard, driven at random (a fixed seed) through every transition.
+        let ledger = MemoryLedger::new()
+            .with_capacity(2 * SHARDS)
+            .with_doubt_capacity(2 * SHARDS)
+            .with_tombstones(5 * SHARDS)
+            .with_ttl(Duration::from_secs(50))
+            .with_lease(Duration::from_secs(20));
+        let bounds = ledger.bounds();
+        let mut held: Vec<(IdempotencyKey, Fence)> = Vec::new();
+        let (mut unrecorded, mut compacted) = (0, 0);
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..20_000 {
+            match next(10) {
+                0..=3 => {
+                    let k = key(next(12));
+                    let state = ledger.claim(request(k, Instant::now())).await.map(|c| c.state);
+                    unrecorded +=
+                        u32::from(matches!(state, Ok(Claimed::Completed(Replay::Unrecorded))));
+                    compacted +=
+                        u32::from(matches!(state, Ok(Claimed::Resume(_, COMPACTED_DOUBT))));
+                    if let Ok(Claimed::Fresh(f) | Claimed::Resume(f, _)) = state {
+                        held.retain(|(h, _)| *h != k);
+                        held.push((k, f));
+                    }
+                }
+                4..=8 if !held.is_empty() => {
+                    let (k, f) = held.swap_remove(next(held.len() as u64) as usize);
+                    let end = match next(4) {
+                        0 => End::Completed(&Value),
+                        1 => End::Settled,
+                        2 => End::InDoubt,
+                        _ => {
+                            ledger.abandon(k, f);
+                            check(&ledger.shard(k), bounds);
+                            continue;
+                        }
+                    };
+                    // Every hold in `held` is its key's current one.
+                    ledger.finish(k, f, end).await.expect("the hold is ours");
+                }
+                _ => tokio::time::advance(Duration::from_secs(next(10))).await,
+            }
+            check(&ledger.shard(key(0)), bounds);
+        }
+        // The walk went through every path: both kinds of tombstone
+        // answered a claim, and the hard bound was reached.
+        assert!(unrecorded > 0 && compacted > 0 && ledger.forgotten() > 0);
+    }
+
+    #[test]
+    fn a_tombstone_is_small() {
+        // What the docs' memory figures are made of.
+        assert_eq!(std::mem::size_of::<(u64, Tomb)>(), 24);
+        assert_eq!(std::mem::size_of::<(Instant, u64)>(), 24);
+        assert_eq!(std::mem::size_of::<(u64, u64)>(), 16);
+        println!("record: {} bytes + its queue entries", std::mem::size_of::<(u128, Entry)>());
     }
 }

@@ -38,7 +38,12 @@
 //!    sent as "settled after this long" and returned as "settles in this
 //!    long", each converted by the store against its own clock.
 //! 5. **Nothing in doubt is forgotten.** Completed and settled records expire
-//!    after a TTL; records in doubt never expire, and a cap never evicts them.
+//!    after a TTL; records in doubt never expire. A cap never drops a record
+//!    in doubt silently, nor turns the repeat of a completed call into a
+//!    blind dispatch: a backend bounded in memory may compact such a record
+//!    to what a repeat must know (its key and fingerprint: verify before
+//!    dispatching), and documents the hard bound past which it forgets
+//!    ([`MemoryLedger`]).
 //!
 //! # Fail closed
 //!

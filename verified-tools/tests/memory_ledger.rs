@@ -1,0 +1,420 @@
+//! The in-memory ledger's bounds: what it keeps of the records it pushes
+//! out (tombstones), how it degrades when calls in doubt pile up, and that
+//! neither turns a repeat into a blind dispatch. Driven through the `Ledger`
+//! trait, and through the engine where the answer matters to a tool.
+
+use std::any::Any;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use verified_tools::ledger::{
+    ClaimRequest, Claimed, Codec, End, Ledger, LedgerError, MemoryLedger, Progress, Recorded,
+    Replay, Settle,
+};
+use verified_tools::{
+    Context, IdempotencyKey, PayloadDigest, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec,
+    UnknownReason, Verdict, engine,
+};
+
+/// Key `n`, spread over the shards as derived keys are (the shard is picked
+/// by the high 64 bits, the hash by the low ones).
+fn key(n: u64) -> IdempotencyKey {
+    let low = n.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    IdempotencyKey::from_u128((u128::from(n) << 64) | u128::from(low))
+}
+
+/// Key `n` of one and the same shard.
+fn same_shard(n: u64) -> IdempotencyKey {
+    IdempotencyKey::from_u128((7u128 << 64) | u128::from(n + 1))
+}
+
+fn fp(n: u128) -> PayloadDigest {
+    PayloadDigest::from_u128(n)
+}
+
+fn request(key: IdempotencyKey, fingerprint: PayloadDigest) -> ClaimRequest {
+    let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
+    ClaimRequest { key, fingerprint, previous: None, first, now: Instant::now() }
+}
+
+/// What a key compacted from doubt resumes with.
+const NO_BUDGET: Progress = Progress { attempts: u32::MAX, after_ok: true, settle: Settle::Never };
+
+struct Value(u32);
+
+impl Recorded for Value {
+    fn local(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(self.0)
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        Some(self.0.to_le_bytes().to_vec())
+    }
+}
+
+async fn state(ledger: &MemoryLedger, key: IdempotencyKey, fingerprint: PayloadDigest) -> Claimed {
+    ledger.claim(request(key, fingerprint)).await.expect("the claim is answered").state
+}
+
+/// Claims `key` fresh and ends the call as `end` says.
+async fn call(
+    ledger: &MemoryLedger,
+    key: IdempotencyKey,
+    fingerprint: PayloadDigest,
+    end: End<'_>,
+) {
+    let Claimed::Fresh(fence) = state(ledger, key, fingerprint).await else {
+        panic!("{key} is not fresh")
+    };
+    ledger.finish(key, fence, end).await.expect("the hold is ours");
+}
+
+async fn complete(ledger: &MemoryLedger, key: IdempotencyKey) {
+    call(ledger, key, fp(1), End::Completed(&Value(7))).await;
+}
+
+async fn in_doubt(ledger: &MemoryLedger, key: IdempotencyKey) {
+    call(ledger, key, fp(1), End::InDoubt).await;
+}
+
+fn is_unrecorded(claimed: &Claimed) -> bool {
+    matches!(claimed, Claimed::Completed(Replay::Unrecorded))
+}
+
+// ---- A completed record pushed out by the cap ----
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_call_pushed_out_by_2000_later_calls_is_still_known_completed() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    complete(&ledger, key(0)).await;
+    for n in 1..2000 {
+        complete(&ledger, key(n)).await;
+    }
+    assert!(ledger.len() <= ledger.capacity(), "{ledger:?}");
+    let repeat = state(&ledger, key(0), fp(1)).await;
+    assert!(is_unrecorded(&repeat), "{repeat:?}");
+    // And again: a tombstone answers every repeat, it is not used up.
+    assert!(is_unrecorded(&state(&ledger, key(0), fp(1)).await));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushed_out_key_claimed_with_another_fingerprint_is_a_mismatch() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    complete(&ledger, same_shard(0)).await;
+    complete(&ledger, same_shard(1)).await;
+    assert_eq!(ledger.tombstones(), 1, "{ledger:?}");
+    let other = state(&ledger, same_shard(0), fp(2)).await;
+    assert!(matches!(other, Claimed::Mismatch), "{other:?}");
+    assert!(is_unrecorded(&state(&ledger, same_shard(0), fp(1)).await));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settled_call_pushed_out_is_forgotten_its_effect_being_known_absent() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    call(&ledger, same_shard(0), fp(1), End::Settled).await;
+    complete(&ledger, same_shard(1)).await;
+    assert_eq!(ledger.tombstones(), 0, "tombstones are spent on completed calls only");
+    complete(&ledger, same_shard(2)).await;
+    assert_eq!(ledger.tombstones(), 1);
+    assert!(is_unrecorded(&state(&ledger, same_shard(1), fp(1)).await));
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Fresh(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_previous_bucket_record_pushed_out_still_answers_for_its_key() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    let earlier = same_shard(0);
+    complete(&ledger, earlier).await;
+    complete(&ledger, same_shard(1)).await;
+    let mut next_bucket = request(key(99), fp(99));
+    next_bucket.previous = Some((earlier, fp(1)));
+    let claim = ledger.claim(next_bucket).await.unwrap();
+    assert_eq!(claim.key, earlier);
+    assert!(is_unrecorded(&claim.state), "{:?}", claim.state);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tombstone_past_the_ttl_is_gone() {
+    let ttl = Duration::from_secs(3600);
+    let ledger = MemoryLedger::new().with_capacity(64).with_ttl(ttl);
+    complete(&ledger, same_shard(0)).await;
+    tokio::time::advance(Duration::from_secs(60)).await;
+    complete(&ledger, same_shard(1)).await;
+    assert_eq!(ledger.tombstones(), 1);
+    // Still known just before the record would have expired.
+    tokio::time::advance(ttl - Duration::from_secs(61)).await;
+    assert!(is_unrecorded(&state(&ledger, same_shard(0), fp(1)).await));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    ledger.purge_expired();
+    assert_eq!(ledger.tombstones(), 0, "{ledger:?}");
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Fresh(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_tombstone_is_dropped_by_the_next_claim_of_its_shard() {
+    let ttl = Duration::from_secs(60);
+    let ledger = MemoryLedger::new().with_capacity(64).with_ttl(ttl);
+    complete(&ledger, same_shard(0)).await;
+    complete(&ledger, same_shard(1)).await;
+    assert!(is_unrecorded(&state(&ledger, same_shard(0), fp(1)).await));
+    tokio::time::advance(ttl + Duration::from_secs(1)).await;
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Fresh(_)));
+    assert_eq!(ledger.tombstones(), 0);
+}
+
+// ---- Records in doubt past their bound ----
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_calls_in_doubt_in_a_ledger_of_64_do_not_refuse_a_new_key() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    for n in 0..1000 {
+        in_doubt(&ledger, key(n)).await;
+    }
+    assert!(ledger.len() <= ledger.doubt_capacity(), "{ledger:?}");
+    assert!(matches!(state(&ledger, key(5000), fp(1)).await, Claimed::Fresh(_)));
+    // The oldest in doubt was compacted, not dropped: it resumes with no
+    // budget, after an OK answer, never settled; and is a full record again.
+    let Claimed::Resume(_, progress) = state(&ledger, key(0), fp(1)).await else {
+        panic!("the oldest call in doubt must resume")
+    };
+    assert_eq!(progress, NO_BUDGET);
+    assert!(matches!(state(&ledger, key(0), fp(1)).await, Claimed::InFlight(_)));
+    assert!(matches!(state(&ledger, key(0), fp(2)).await, Claimed::Mismatch));
+    assert_eq!(ledger.forgotten(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_compacted_doubt_with_another_fingerprint_is_a_mismatch_and_stays() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    in_doubt(&ledger, same_shard(0)).await;
+    in_doubt(&ledger, same_shard(1)).await;
+    assert_eq!(ledger.tombstones(), 1);
+    assert!(matches!(state(&ledger, same_shard(0), fp(2)).await, Claimed::Mismatch));
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Resume(_, NO_BUDGET)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_hold_counts_against_the_doubt_bound_too() {
+    let ledger = MemoryLedger::new().with_capacity(64);
+    for n in 0..3 {
+        let Claimed::Fresh(fence) = state(&ledger, same_shard(n), fp(1)).await else { panic!() };
+        ledger.abandon(same_shard(n), fence);
+    }
+    assert_eq!((ledger.len(), ledger.tombstones()), (1, 2), "{ledger:?}");
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Resume(_, NO_BUDGET)));
+    // The newest in doubt is still a full record, with its own progress.
+    let Claimed::Resume(_, progress) = state(&ledger, same_shard(2), fp(1)).await else { panic!() };
+    assert_eq!(progress.attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_doubt_tombstone_outlives_the_ttl() {
+    let ttl = Duration::from_secs(60);
+    let ledger = MemoryLedger::new().with_capacity(64).with_ttl(ttl);
+    in_doubt(&ledger, same_shard(0)).await;
+    in_doubt(&ledger, same_shard(1)).await;
+    tokio::time::advance(ttl * 100).await;
+    ledger.purge_expired();
+    assert_eq!(ledger.tombstones(), 1);
+    assert!(matches!(state(&ledger, same_shard(0), fp(1)).await, Claimed::Resume(_, NO_BUDGET)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_all_held_still_refuses_a_new_key() {
+    // One record per shard: a call in flight fills it; doubt does not.
+    let ledger = MemoryLedger::new().with_capacity(64);
+    in_doubt(&ledger, same_shard(0)).await;
+    let Claimed::Fresh(_) = state(&ledger, same_shard(1), fp(1)).await else { panic!() };
+    let refused = ledger.claim(request(same_shard(2), fp(1))).await;
+    assert!(matches!(refused, Err(LedgerError::Full(64))), "{refused:?}");
+}
+
+// ---- The bounds ----
+
+#[tokio::test(start_paused = true)]
+async fn tombstones_stay_within_their_bound_however_many_records_are_pushed_out() {
+    let ledger = MemoryLedger::new().with_capacity(64).with_tombstones(256);
+    assert_eq!((ledger.capacity(), ledger.tombstone_capacity()), (64, 256));
+    for n in 0..20_000 {
+        complete(&ledger, key(n)).await;
+        if n % 1000 == 0 {
+            assert!(ledger.tombstones() <= 256, "{ledger:?}");
+        }
+    }
+    assert!(ledger.len() <= 64, "{ledger:?}");
+    assert_eq!(ledger.tombstones(), 256, "every shard keeps its share, no more");
+    // The newest tombstones are the ones kept.
+    assert!(is_unrecorded(&state(&ledger, key(19_900), fp(1)).await));
+    assert!(matches!(state(&ledger, key(0), fp(1)).await, Claimed::Fresh(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn doubt_is_forgotten_only_past_the_hard_bound_and_counted() {
+    let ledger = MemoryLedger::new().with_capacity(64).with_tombstones(256);
+    assert_eq!(ledger.doubt_capacity(), 64);
+    for n in 0..20_000 {
+        in_doubt(&ledger, key(n)).await;
+    }
+    assert!(ledger.len() <= ledger.doubt_capacity(), "{ledger:?}");
+    assert_eq!(ledger.tombstones(), 256);
+    // Each shard keeps 1 record and 4 tombstones in doubt: the rest went.
+    assert_eq!(ledger.forgotten(), 20_000 - 64 - 256);
+    assert!(matches!(state(&ledger, key(19_999), fp(1)).await, Claimed::Resume(_, _)));
+    assert!(matches!(state(&ledger, key(19_900), fp(1)).await, Claimed::Resume(_, NO_BUDGET)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_tombstones_overflow_completed_ones_go_before_those_in_doubt() {
+    // One record, one in doubt and four tombstones per shard.
+    let ledger = MemoryLedger::new().with_capacity(64).with_tombstones(256);
+    in_doubt(&ledger, same_shard(0)).await;
+    in_doubt(&ledger, same_shard(1)).await; // compacts 0
+    for n in 2..100 {
+        complete(&ledger, same_shard(n)).await;
+    }
+    assert_eq!(ledger.tombstones(), 4);
+    assert_eq!(ledger.forgotten(), 0);
+    let Claimed::Resume(fence, NO_BUDGET) = state(&ledger, same_shard(0), fp(1)).await else {
+        panic!("the call in doubt outlived 97 completed ones")
+    };
+    ledger.finish(same_shard(0), fence, End::Settled).await.unwrap();
+    // The newest completed calls are still known; older ones not.
+    assert!(is_unrecorded(&state(&ledger, same_shard(98), fp(1)).await));
+    assert!(matches!(state(&ledger, same_shard(2), fp(1)).await, Claimed::Fresh(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_in_and_out_of_doubt_many_times_stays_known_within_the_bounds() {
+    let ledger = MemoryLedger::new().with_capacity(64).with_tombstones(256);
+    in_doubt(&ledger, same_shard(0)).await;
+    for round in 1..10_000 {
+        // The newcomer compacts key 0; key 0 resumes and ends in doubt
+        // again, compacting the newcomer, which resumes and settles.
+        in_doubt(&ledger, same_shard(round)).await;
+        let Claimed::Resume(fence, NO_BUDGET) = state(&ledger, same_shard(0), fp(1)).await else {
+            panic!("round {round}")
+        };
+        ledger.finish(same_shard(0), fence, End::InDoubt).await.unwrap();
+        let Claimed::Resume(fence, NO_BUDGET) = state(&ledger, same_shard(round), fp(1)).await
+        else {
+            panic!("round {round}")
+        };
+        ledger.finish(same_shard(round), fence, End::Settled).await.unwrap();
+    }
+    assert!(ledger.tombstones() <= 4, "{ledger:?}");
+    assert!(ledger.len() <= 2, "{ledger:?}");
+    assert_eq!(ledger.forgotten(), 0);
+}
+
+// ---- Through the engine ----
+
+static SEND: ToolSpec = ToolSpec::new("send_welcome", SideEffect::High).with_verifier();
+
+fn cx(ledger: Arc<MemoryLedger>) -> Context {
+    let policy = RetryPolicy::for_class(SideEffect::High)
+        .with_attempt_timeout(Some(Duration::from_millis(100)))
+        .with_settle(Some(Duration::ZERO));
+    Context::new("agent-1").with_policy(SideEffect::High, policy).with_ledger(ledger)
+}
+
+/// A tool that counts its dispatches and verifier reads per payload: it
+/// answers `Ok`, or times out when `fail`; its verifier reads `verdict`.
+struct Tool {
+    dispatches: Vec<AtomicU32>,
+    reads: Vec<AtomicU32>,
+    fail: bool,
+    verdict: fn(u64) -> Verdict<u64>,
+}
+
+impl Tool {
+    fn new(calls: usize, fail: bool, verdict: fn(u64) -> Verdict<u64>) -> Self {
+        let counters = || (0..calls).map(|_| AtomicU32::new(0)).collect();
+        Self { dispatches: counters(), reads: counters(), fail, verdict }
+    }
+
+    async fn call(&self, cx: &Context, n: u64) -> ToolResult<u64, io::Error> {
+        engine::call(
+            &cx.for_key(key(n)),
+            &SEND,
+            &(n,),
+            &(n,),
+            |_attempt| {
+                self.dispatches[n as usize].fetch_add(1, Ordering::Relaxed);
+                let fail = self.fail;
+                async move { if fail { Err(io::ErrorKind::TimedOut.into()) } else { Ok(n) } }
+            },
+            Some(|_key| {
+                self.reads[n as usize].fetch_add(1, Ordering::Relaxed);
+                let verdict = (self.verdict)(n);
+                async move { verdict }
+            }),
+            Codec::serde(),
+        )
+        .await
+    }
+
+    fn dispatched(&self, n: u64) -> u32 {
+        self.dispatches[n as usize].load(Ordering::Relaxed)
+    }
+
+    fn read(&self, n: u64) -> u32 {
+        self.reads[n as usize].load(Ordering::Relaxed)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_call_pushed_out_by_2000_later_calls_is_verified_not_dispatched_again() {
+    let ledger = Arc::new(MemoryLedger::new().with_capacity(64));
+    let cx = cx(Arc::clone(&ledger));
+    let tool = Tool::new(2000, false, Verdict::Holds);
+    for n in 0..2000 {
+        let r = tool.call(&cx, n).await;
+        assert!(matches!(r, ToolResult::Success { proof: Proof::Response, .. }), "{n}: {r:?}");
+    }
+    assert!(ledger.tombstones() > 0, "{ledger:?}");
+    // The ledger says it completed but no longer has the value: the
+    // verifier gives it (the proof is the ledger's, the engine's rule for a
+    // completed call), and nothing is dispatched.
+    let repeat = tool.call(&cx, 0).await;
+    assert!(
+        matches!(repeat, ToolResult::Success { value: 0, proof: Proof::Ledger, .. }),
+        "{repeat:?}"
+    );
+    assert_eq!((tool.dispatched(0), tool.read(0)), (1, 1));
+    // A call still recorded in full replays its value.
+    let recent = tool.call(&cx, 1999).await;
+    assert!(matches!(recent, ToolResult::Success { proof: Proof::Ledger, .. }), "{recent:?}");
+    assert_eq!((tool.dispatched(1999), tool.read(1999)), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_oldest_of_a_thousand_calls_in_doubt_repeated_is_verified_and_never_dispatched() {
+    let ledger = Arc::new(MemoryLedger::new().with_capacity(64));
+    let cx = cx(Arc::clone(&ledger));
+    let doubtful = Tool::new(1000, true, |_| Verdict::Unknown);
+    for n in 0..1000 {
+        let r = doubtful.call(&cx, n).await;
+        assert!(matches!(r, ToolResult::Unknown { .. }), "{n}: {r:?}");
+    }
+    assert!(ledger.tombstones() > 0, "{ledger:?}");
+    // The service now reads Absent, settled: a record in doubt with budget
+    // left would retry. The compacted one has none, and its attempt never
+    // settles: the Absent is not believed, nothing is dispatched.
+    let absent = Tool::new(1000, false, |_| Verdict::Absent);
+    let r = absent.call(&cx, 0).await;
+    assert!(matches!(r, ToolResult::Unknown { reason: UnknownReason::Unsettled, .. }), "{r:?}");
+    assert_eq!(absent.dispatched(0), 0);
+    assert!(absent.read(0) > 0);
+    // Verified present, it completes without a dispatch either.
+    let holds = Tool::new(1000, false, Verdict::Holds);
+    let r = holds.call(&cx, 0).await;
+    assert!(matches!(r, ToolResult::Success { value: 0, proof: Proof::Verifier, .. }), "{r:?}");
+    assert_eq!(holds.dispatched(0), 0);
+    // A new call is not refused.
+    let fresh = Tool::new(1001, false, Verdict::Holds);
+    let r = fresh.call(&cx, 1000).await;
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Response, .. }), "{r:?}");
+}
