@@ -290,8 +290,11 @@ fn http_server(server: &std::path::Path, args: &[&str]) -> (Child, String) {
     );
     // "mcp_server: 9 tools over streamable HTTP at http://127.0.0.1:PORT/mcp (..)"
     let stderr = child.0.stderr.take().expect("piped");
+    let mut stderr = std::io::BufReader::new(stderr);
     let mut line = String::new();
-    std::io::BufReader::new(stderr).read_line(&mut line).expect("the server's first line");
+    stderr.read_line(&mut line).expect("the server's first line");
+    // The rest is drained, so that the server never writes to a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let url = line
         .split_whitespace()
         .find(|w| w.starts_with("http://"))

@@ -418,3 +418,48 @@ async fn the_oldest_of_a_thousand_calls_in_doubt_repeated_is_verified_and_never_
     let r = fresh.call(&cx, 1000).await;
     assert!(matches!(r, ToolResult::Success { proof: Proof::Response, .. }), "{r:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_operator_lists_shows_and_resolves_what_is_in_doubt_and_nothing_else() {
+    use verified_tools::ledger::{RecordState, Resolution};
+    let ledger = MemoryLedger::new();
+    let (doubt, held) = (key(1), key(2));
+    let Claimed::Fresh(fence) = ledger.claim(request(doubt, fp(1))).await.unwrap().state else {
+        panic!("fresh")
+    };
+    ledger.finish(doubt, fence, End::InDoubt).await.unwrap();
+    let Claimed::Fresh(holder) = ledger.claim(request(held, fp(2))).await.unwrap().state else {
+        panic!("fresh")
+    };
+    let listed = ledger.in_doubt(10).await.unwrap();
+    assert_eq!(listed.iter().map(|r| r.key).collect::<Vec<_>>(), [doubt]);
+    assert_eq!(ledger.record(held).await.unwrap().map(|r| r.state), Some(RecordState::Held));
+    // A held record is not a person's to decide.
+    let kept = ledger.resolve(held, Resolution::Applied).await.unwrap();
+    assert_eq!(kept, Some(RecordState::Held));
+    assert!(matches!(
+        ledger.claim(request(held, fp(2))).await.unwrap().state,
+        Claimed::InFlight(_)
+    ));
+    // Resolved as applied: a repeat obtains the value by verifying.
+    let was = ledger.resolve(doubt, Resolution::Applied).await.unwrap();
+    assert_eq!(was, Some(RecordState::InDoubt));
+    assert!(matches!(
+        ledger.claim(request(doubt, fp(1))).await.unwrap().state,
+        Claimed::Completed(Replay::Unrecorded)
+    ));
+    assert!(ledger.in_doubt(10).await.unwrap().is_empty());
+    // Past its lease the held record is in doubt; resolved as not applied,
+    // its old holder is fenced and a repeat resumes with the whole budget.
+    tokio::time::advance(ledger.lease() + Duration::from_secs(1)).await;
+    assert_eq!(ledger.in_doubt(10).await.unwrap().len(), 1);
+    let was = ledger.resolve(held, Resolution::NotApplied).await.unwrap();
+    assert_eq!(was, Some(RecordState::InDoubt));
+    assert!(matches!(ledger.finish(held, holder, End::InDoubt).await, Err(LedgerError::Fenced(_))));
+    let Claimed::Resume(_, progress) = ledger.claim(request(held, fp(2))).await.unwrap().state
+    else {
+        panic!("resumes")
+    };
+    assert_eq!(progress.attempts, 0);
+    assert_eq!(ledger.resolve(key(3), Resolution::Applied).await.unwrap(), None);
+}

@@ -31,6 +31,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -762,7 +763,9 @@ fn log(answer: &Answer) {
         );
         return;
     }
-    eprintln!("verified-tools mcp: {what} a message: {}", answer.problem);
+    // `eprintln!` panics when stderr is closed (a host that reads only the
+    // first line of it): a log line must never take the server down.
+    let _ = writeln!(std::io::stderr(), "verified-tools mcp: {what} a message: {}", answer.problem);
 }
 
 /// Whether a `tracing` subscriber would see an event: without one (a stdio
@@ -892,7 +895,10 @@ async fn read_lines<R: AsyncRead + Unpin>(
             Ok(Some(Line::TooLong(prefix))) => too_large(&prefix, limit),
             Ok(None) => return,
             Err(e) => {
-                eprintln!("verified-tools mcp: reading the input failed: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "verified-tools mcp: reading the input failed: {e}"
+                );
                 return;
             }
         };

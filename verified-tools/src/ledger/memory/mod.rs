@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod operator;
+
 use super::{
-    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Replay,
-    Settle,
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
+    RecordState, RecordView, Replay, Resolution, Settle,
 };
 use crate::deadline::later;
 use crate::{IdempotencyKey, PayloadDigest};
@@ -775,6 +777,24 @@ impl Ledger for MemoryLedger {
 
     fn lease(&self) -> Duration {
         self.lease
+    }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        LedgerFuture::ready(Ok(self.record_now(key)))
+    }
+
+    /// Compacted doubt (past the doubt bound) keeps only the low half of its
+    /// key and is not listed: its claim still finds it.
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        LedgerFuture::ready(Ok(self.in_doubt_now(limit)))
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        LedgerFuture::ready(Ok(self.resolve_now(key, resolution)))
     }
 }
 
