@@ -17,10 +17,14 @@ use crate::{ArgsError, Context, IdempotencyKey, SideEffect};
 ///
 /// Built from the `<name>_tool()` descriptors that
 /// `#[verified_tool(schema = true)]` generates, and the state their
-/// skipped parameters (or `&self`) borrow: a client, a pool. A call is
-/// keyed by the provider's tool-call id ([`Context::for_tool_call`]): the
-/// same id is the same logical call, replayed from the ledger or verified
-/// first, never executed twice.
+/// skipped parameters (or `&self`) borrow: a client, a pool. A call's
+/// request identity is the provider's tool-call id
+/// ([`Context::for_tool_call`]): the same id is the same logical call,
+/// replayed from the ledger or verified first, never executed twice, and the
+/// same id with other arguments is refused. A tool that declares its effect
+/// identity (`#[verified_tool(key(order))]`) is keyed by it instead, so a
+/// model that asks again for the same action, with a new id, meets the same
+/// call.
 ///
 /// ```
 /// use verified_tools::toolset::{Status, ToolSet};
