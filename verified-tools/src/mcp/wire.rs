@@ -1759,7 +1759,7 @@ mod tests {
     // Streamable HTTP.
 
     fn http(limit: usize) -> HttpService<McpServer<()>> {
-        http_layer(McpServer::new(ToolSet::new(())).http_service(), limit)
+        http_layer(McpServer::new(ToolSet::new(())).http_service().inner().clone(), limit)
     }
 
     fn post(content_type: &str, body: &str) -> Request<Full<Bytes>> {
