@@ -165,3 +165,29 @@ async fn two_sessions_share_a_call_only_when_a_business_key_says_so() {
     one.cancel().await.expect("the client closes");
     two.cancel().await.expect("the client closes");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_welcome_mail_asked_again_ten_minutes_later_is_not_sent_again() {
+    // The failure an identity by time bucket gave: the same call 615 s later
+    // was a new effect, a second welcome mail. `send_welcome` names its
+    // action by the customer: asked again at any time, by any session.
+    let (set, oracle) = set();
+    let server = McpServer::shared(set.clone());
+    let client = connect(server.new_session()).await;
+    let customer = json!({"customer": 31});
+    let created = call(&client, request("create_customer", customer.clone(), &[])).await;
+    assert!(ran(&created), "{created}");
+    let sent = call(&client, request("send_welcome", customer.clone(), &[])).await;
+    assert!(ran(&sent), "{sent}");
+    tokio::time::advance(Duration::from_secs(615)).await;
+    let again =
+        call(&client, request("send_welcome", customer.clone(), &[(TOOL_CALL_ID_META, "call_B")]))
+            .await;
+    assert_eq!((&again["proof"], &again["key"]), (&json!("ledger"), &sent["key"]), "{again}");
+    let other = connect(server.new_session()).await;
+    let elsewhere = call(&other, request("send_welcome", customer, &[])).await;
+    assert_eq!(elsewhere["proof"], "ledger", "{elsewhere}");
+    assert_eq!(oracle.truth().applied(Op::SendWelcome, 31).applied, 1, "one welcome mail");
+    client.cancel().await.expect("the client closes");
+    other.cancel().await.expect("the client closes");
+}
