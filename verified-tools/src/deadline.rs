@@ -168,6 +168,12 @@ impl Timeline {
     }
 
     /// The deadline of an attempt sent at `at`: its timeout, within the call's.
+    /// Whether an attempt sent at `at` has less than its own timeout, for
+    /// the call's deadline comes first.
+    pub(crate) fn cut_by_call(&self, at: Duration) -> bool {
+        self.attempt_timeout.is_none_or(|timeout| at.saturating_add(timeout) > self.call)
+    }
+
     pub(crate) fn attempt(&self, at: Duration) -> Duration {
         match self.attempt_timeout {
             Some(timeout) => at.saturating_add(timeout).min(self.call),

@@ -26,6 +26,10 @@ pub enum Cause<E> {
     Error(E),
     /// An attempt (or a verifier read) ran past the per-attempt timeout.
     TimedOut(Duration),
+    /// The call's deadline (its `call_timeout`, here) came before the last
+    /// attempt answered: that attempt had what was left of the call, which
+    /// may have been far less than the per-attempt timeout.
+    DeadlineReached(Duration),
     /// The tool answered `Ok`, but the verifier (asked to confirm responses,
     /// see [`RetryPolicy::verify_response`](crate::RetryPolicy::verify_response))
     /// found the postcondition missing or could not see it: a partial success
@@ -45,6 +49,7 @@ impl<E> Cause<E> {
         match self {
             Cause::Error(e) => Cause::Error(f(e)),
             Cause::TimedOut(d) => Cause::TimedOut(d),
+            Cause::DeadlineReached(d) => Cause::DeadlineReached(d),
             Cause::Unconfirmed => Cause::Unconfirmed,
             Cause::Interrupted => Cause::Interrupted,
         }

@@ -732,3 +732,32 @@ async fn a_panicking_audit_sink_cannot_unrecord_a_success() {
     assert!(matches!(again, ToolResult::Success { proof: Proof::Ledger, .. }), "{again:?}");
     assert_eq!(fake.dispatches().len(), 1);
 }
+
+/// An attempt that the call's deadline cut short says so, rather than
+/// naming the few milliseconds it was left as its timeout.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_cut_short_by_the_call_deadline_names_the_deadline() {
+    static SPEC: ToolSpec = ToolSpec::new("slow", SideEffect::High)
+        .with_verifier()
+        .with_retries(3)
+        .with_timeout(Duration::from_secs(1))
+        .with_call_timeout(Duration::from_millis(1_500))
+        .with_settle(Duration::ZERO);
+    let cx = Context::new("agent").without_ledger();
+    let result: ToolResult<u32, std::io::Error> = verified_tools::engine::call(
+        &cx,
+        &SPEC,
+        &(1u8,),
+        &(1u8,),
+        |_| std::future::pending(),
+        Some(|_| async { verified_tools::Verdict::Absent }),
+        Codec::serde(),
+    )
+    .await;
+    match result {
+        ToolResult::Unknown { cause: verified_tools::Cause::DeadlineReached(call), .. } => {
+            assert_eq!(call, Duration::from_millis(1_500))
+        }
+        other => panic!("{other:?}"),
+    }
+}

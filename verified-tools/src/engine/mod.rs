@@ -383,7 +383,13 @@ where
             }
             Ok(None) => {
                 self.note(CallState::PendingVisibility, Detail::TimedOut(limit));
-                self.cause = Some(Cause::TimedOut(limit));
+                // An attempt the call's deadline cut short timed out on the
+                // call, not on its own timeout: say which (a 9 ms "timeout"
+                // under a 1 s attempt timeout reads as a bug).
+                self.cause = Some(match self.timeline.cut_by_call(now) {
+                    true => Cause::DeadlineReached(self.policy.call_timeout),
+                    false => Cause::TimedOut(limit),
+                });
                 self.backoff = true;
                 Event::TimedOut
             }

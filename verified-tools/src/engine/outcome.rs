@@ -92,6 +92,9 @@ fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
     match cause {
         Cause::Error(error) => error.describe(),
         Cause::TimedOut(limit) => format!("no answer within {} ms", limit.as_millis()),
+        Cause::DeadlineReached(call) => {
+            format!("no answer before the call's deadline ({} ms) passed", call.as_millis())
+        }
         other => describe(other).to_owned(),
     }
 }
@@ -100,6 +103,7 @@ fn describe<E>(cause: &Cause<E>) -> &'static str {
     match cause {
         Cause::Error(_) => "the tool returned an ambiguous error",
         Cause::TimedOut(_) => "an attempt timed out",
+        Cause::DeadlineReached(_) => "the call's deadline passed",
         Cause::Unconfirmed => "the tool answered OK but the postcondition was not found",
         Cause::Interrupted => "an earlier call with this key ended in doubt",
     }
@@ -180,7 +184,7 @@ where
             Stage::Running | Stage::Attempting => {
                 if self.stage == Stage::Attempting {
                     self.facts.in_doubt = true;
-                    self.cause = Some(Cause::TimedOut(self.policy.call_timeout));
+                    self.cause = Some(Cause::DeadlineReached(self.policy.call_timeout));
                 }
                 if self.facts.in_doubt {
                     self.unresolved(UnknownReason::DeadlineExceeded)

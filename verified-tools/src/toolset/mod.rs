@@ -47,6 +47,11 @@ mod set;
 
 pub use outcome::{Status, ToolOutcome};
 
+/// Parse a tool call's arguments text with this before handing the `Value`
+/// to `<name>_json`: it refuses a field given twice, which a plain
+/// `serde_json::from_str` resolves silently (last value wins).
+pub use args::parse_arguments;
+
 #[cfg(feature = "schema")]
 pub use checks::{CHECK_TOOL, Reconciled};
 #[cfg(feature = "schema")]

@@ -246,6 +246,9 @@ fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
     match cause {
         Cause::Error(e) => e.describe(),
         Cause::TimedOut(after) => format!("no answer within {after:?}"),
+        Cause::DeadlineReached(call) => {
+            format!("no answer before the call's deadline ({call:?}) passed")
+        }
         Cause::Unconfirmed => {
             "the tool answered OK, but its effect could not be confirmed".to_owned()
         }
