@@ -46,13 +46,14 @@ use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::{ServerHandler, ServiceExt as _};
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::sync::mpsc;
 
 use crate::ArgsError;
 use crate::toolset::ToolOutcome;
+use crate::toolset::args::{self, JsonTextError, Step};
 
 /// The `_meta` key of a `tools/call` under which the handler finds the
 /// request's SEP-3182 `params.idempotencyKey` (the wire copies it there:
@@ -210,123 +211,28 @@ impl fmt::Display for WireError {
 
 /// Parses one message into a `Value`, refusing a key given twice in any
 /// object (with the path of the second), what nests deeper than
-/// [`MAX_DEPTH`], and trailing characters.
-///
-/// The one place a message is parsed: swap it for another parser and the
-/// rest of the wire follows.
+/// [`MAX_DEPTH`], and trailing characters: the tool set's one
+/// duplicate-aware parser ([`args::parse_value`]), so that a message and a
+/// tool call's arguments text are read alike.
 pub(crate) fn parse_message(bytes: &[u8]) -> Result<Value, WireError> {
-    let duplicate = RefCell::new(None);
-    let mut parser = serde_json::Deserializer::from_slice(bytes);
-    let parsed = ValueSeed { duplicate: &duplicate }
-        .deserialize(&mut parser)
-        .and_then(|value| parser.end().map(|()| value));
-    parsed.map_err(|e| match duplicate.into_inner() {
-        Some(mut reversed) => {
-            reversed.reverse();
-            WireError::DuplicateKey(JsonPath(reversed))
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| WireError::Parse(format!("the message is not UTF-8: {e}")))?;
+    args::parse_value(text).map_err(|e| match e {
+        JsonTextError::DuplicateKey(duplicate) => {
+            let steps = duplicate.path().steps().iter();
+            WireError::DuplicateKey(JsonPath(steps.map(Segment::from).collect()))
         }
-        // serde_json stops at its recursion limit before any visitor sees
-        // the level, and says so only in words.
-        None if e.classify() == serde_json::error::Category::Syntax
-            && e.to_string().starts_with("recursion limit exceeded") =>
-        {
-            WireError::TooDeep
-        }
-        None => WireError::Parse(e.to_string()),
+        JsonTextError::TooDeep { .. } => WireError::TooDeep,
+        JsonTextError::NotJson(e) => WireError::Parse(e.to_string()),
     })
 }
 
-/// Builds a `Value` as serde_json does, but fails on a duplicate key. The
-/// path of the duplicate is collected innermost first while the error
-/// unwinds, so that parsing a good message costs no path bookkeeping.
-#[derive(Clone, Copy)]
-struct ValueSeed<'a> {
-    duplicate: &'a RefCell<Option<Vec<Segment>>>,
-}
-
-impl ValueSeed<'_> {
-    fn unwind(self, segment: Segment) {
-        if let Some(path) = self.duplicate.borrow_mut().as_mut() {
-            path.push(segment);
+impl From<&Step> for Segment {
+    fn from(step: &Step) -> Self {
+        match step {
+            Step::Key(key) => Segment::Key(key.clone()),
+            Step::Index(index) => Segment::Index(*index),
         }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
-    type Value = Value;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ValueSeed<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        loop {
-            match seq.next_element_seed(self) {
-                Ok(Some(item)) => items.push(item),
-                Ok(None) => return Ok(Value::Array(items)),
-                Err(e) => {
-                    self.unwind(Segment::Index(items.len()));
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut object = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if object.contains_key(&key) {
-                *self.duplicate.borrow_mut() = Some(vec![Segment::Key(key)]);
-                return Err(de::Error::custom("a key is given twice"));
-            }
-            match map.next_value_seed(self) {
-                Ok(value) => {
-                    object.insert(key, value);
-                }
-                Err(e) => {
-                    self.unwind(Segment::Key(key));
-                    return Err(e);
-                }
-            }
-        }
-        Ok(Value::Object(object))
     }
 }
 
