@@ -9,6 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod operator;
+mod tombs;
+
+use self::tombs::{Tomb, Tombs};
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
@@ -187,31 +190,6 @@ struct Shard {
     /// The last stamp given, in this shard.
     stamps: u64,
     tombs: Tombs,
-}
-
-/// Records the bounds pushed out, compacted to what a repeat must know.
-#[derive(Default)]
-struct Tombs {
-    /// By the key's low 64 bits, which are the hash (`KeyHasher`).
-    map: HashMap<u64, Tomb, BuildHasherDefault<KeyHasher>>,
-    /// Completed tombstones, oldest first, with their expiry: nothing but
-    /// this queue removes one, so every entry is live.
-    done: VecDeque<(Instant, u64)>,
-    /// In-doubt tombstones, oldest first, with their stamp; stale once the
-    /// key was claimed again.
-    doubt: VecDeque<(u64, u64)>,
-    /// Entries of `map` in doubt.
-    doubts: usize,
-    /// In-doubt tombstones dropped at the hard bound.
-    forgotten: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Tomb {
-    /// The payload fingerprint's low 64 bits.
-    fingerprint: u64,
-    /// [`COMPLETED`], or the stamp of the in-doubt queue's entry.
-    stamp: u64,
 }
 
 struct Entry {
@@ -615,105 +593,6 @@ impl Shard {
     }
 }
 
-impl Tombs {
-    #[inline]
-    fn get(&self, key: u64) -> Option<Tomb> {
-        self.map.get(&key).copied()
-    }
-
-    /// Drops the expired completed tombstones at the front of their queue
-    /// (in-doubt ones never expire).
-    #[inline]
-    fn drop_expired(&mut self, now: Instant) {
-        while let Some(&(expires, key)) = self.done.front() {
-            if expires > now {
-                return;
-            }
-            self.done.pop_front();
-            self.remove_completed(key);
-        }
-    }
-
-    fn remove_completed(&mut self, key: u64) -> bool {
-        let completed = self.map.get(&key).is_some_and(|t| t.stamp == COMPLETED);
-        if completed {
-            self.map.remove(&key);
-        }
-        completed
-    }
-
-    fn bury_completed(&mut self, key: u64, fingerprint: u64, expires: Instant, cap: usize) {
-        self.make_room(cap);
-        self.insert(key, Tomb { fingerprint, stamp: COMPLETED });
-        self.done.push_back((expires, key));
-    }
-
-    fn bury_in_doubt(&mut self, key: u64, fingerprint: u64, stamp: u64, cap: usize) {
-        self.make_room(cap);
-        self.insert(key, Tomb { fingerprint, stamp });
-        self.doubts += 1;
-        self.doubt.push_back((stamp, key));
-        if self.doubt.len() > 2 * self.doubts + STALE_SLACK {
-            self.doubt.retain(|&(stamp, key)| self.map.get(&key).is_some_and(|t| t.stamp == stamp));
-        }
-    }
-
-    fn insert(&mut self, key: u64, tomb: Tomb) {
-        // Two keys of a shard share their low 64 bits with odds of 2^-64:
-        // the later replaces the earlier, and the counts stay true.
-        if let Some(old) = self.map.insert(key, tomb)
-            && old.stamp != COMPLETED
-        {
-            self.doubts -= 1;
-        }
-    }
-
-    /// The in-doubt tombstone of `key` becomes a record again (its queue
-    /// entry is now stale).
-    fn exhume(&mut self, key: u64) {
-        if self.map.remove(&key).is_some_and(|t| t.stamp != COMPLETED) {
-            self.doubts -= 1;
-        }
-    }
-
-    /// Drops the oldest tombstones until one more fits under `cap`: the
-    /// completed ones first, as the contract lets those be forgotten (their
-    /// TTL does), never a call in doubt; then, the hard bound, the oldest in
-    /// doubt.
-    fn make_room(&mut self, cap: usize) {
-        while self.map.len() >= cap {
-            if !self.drop_oldest() {
-                return;
-            }
-        }
-    }
-
-    fn drop_oldest(&mut self) -> bool {
-        while let Some((_, key)) = self.done.pop_front() {
-            if self.remove_completed(key) {
-                return true;
-            }
-        }
-        while let Some((stamp, key)) = self.doubt.pop_front() {
-            if self.map.get(&key).is_some_and(|t| t.stamp == stamp) {
-                self.map.remove(&key);
-                self.doubts -= 1;
-                self.forgotten += 1;
-                #[cfg(feature = "tracing")]
-                if self.forgotten.is_power_of_two() {
-                    tracing::warn!(
-                        forgotten = self.forgotten,
-                        "the memory ledger's tombstones overflowed: a call in doubt was \
-                         forgotten, and a repeat of it would dispatch without verifying"
-                    );
-                }
-                return true;
-            }
-        }
-        false
-    }
-}
-
 fn in_doubt(entry: Option<&Entry>, stamp: u64) -> bool {
     matches!(entry, Some(Entry { state: State::InDoubt { stamp: s }, .. }) if *s == stamp)
 }
@@ -853,131 +732,4 @@ impl Hasher for KeyHasher {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Key `n` of shard 7 (the shard is picked by the high 64 bits).
-    fn key(n: u64) -> IdempotencyKey {
-        IdempotencyKey::from_u128((7u128 << 64) | u128::from(n + 1))
-    }
-
-    fn request(key: IdempotencyKey, now: Instant) -> ClaimRequest {
-        let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
-        ClaimRequest { key, fingerprint: PayloadDigest::from_u128(1), previous: None, first, now }
-    }
-
-    struct Value;
-
-    impl super::super::Recorded for Value {
-        fn local(&self) -> Arc<dyn std::any::Any + Send + Sync> {
-            Arc::new(())
-        }
-
-        fn encode(&self) -> Option<Vec<u8>> {
-            None
-        }
-    }
-
-    /// What every operation must leave true of a shard.
-    fn check(shard: &Shard, bounds: Bounds) {
-        let in_doubt = shard.map.values().filter(|e| matches!(e.state, State::InDoubt { .. }));
-        assert_eq!(shard.doubts, in_doubt.count(), "the doubt count is the map's");
-        assert!(shard.doubts <= bounds.doubt, "records in doubt past their bound");
-        let held = shard.map.values().filter(|e| matches!(e.state, State::Held { .. })).count();
-        assert!(shard.live() <= bounds.records.max(held), "records past the cap, not all held");
-        // A resume leaves a stale entry; a push compacts the queue past twice
-        // the live ones, so its length is bounded by the bound's.
-        assert!(shard.doubt.len() <= 2 * (bounds.doubt + 1) + STALE_SLACK, "stale entries pile up");
-        let tombs = &shard.tombs;
-        assert!(tombs.map.len() <= bounds.tombs, "tombstones past their bound");
-        let doubt_tombs = tombs.map.values().filter(|t| t.stamp != COMPLETED).count();
-        assert_eq!(tombs.doubts, doubt_tombs, "the doubt tombstone count is the map's");
-        assert_eq!(
-            tombs.done.len(),
-            tombs.map.len() - tombs.doubts,
-            "one queue entry per completed tombstone"
-        );
-        assert!(tombs.doubt.len() <= 2 * bounds.tombs + STALE_SLACK, "stale entries pile up");
-        for (&k, tomb) in &tombs.map {
-            assert!(!shard.map.keys().any(|&r| r as u64 == k), "a key both recorded and buried");
-            if tomb.stamp != COMPLETED {
-                assert!(
-                    tombs.doubt.contains(&(tomb.stamp, k)),
-                    "a doubt tombstone out of its queue"
-                );
-            }
-        }
-        for (&k, entry) in &shard.map {
-            if let State::InDoubt { stamp } = entry.state {
-                assert!(shard.doubt.contains(&(stamp, k)), "a record in doubt out of its queue");
-            }
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn every_operation_keeps_the_counts_queues_and_bounds_of_its_shard() {
-        // 2 records, 2 in doubt and 5 tombstones per shard; 12 keys of one
-        // shard, driven at random (a fixed seed) through every transition.
-        let ledger = MemoryLedger::new()
-            .with_capacity(2 * SHARDS)
-            .with_doubt_capacity(2 * SHARDS)
-            .with_tombstones(5 * SHARDS)
-            .with_ttl(Duration::from_secs(50))
-            .with_lease(Duration::from_secs(20));
-        let bounds = ledger.bounds();
-        let mut held: Vec<(IdempotencyKey, Fence)> = Vec::new();
-        let (mut unrecorded, mut compacted) = (0, 0);
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
-        for _ in 0..20_000 {
-            match next(10) {
-                0..=3 => {
-                    let k = key(next(12));
-                    let state = ledger.claim(request(k, Instant::now())).await.map(|c| c.state);
-                    unrecorded +=
-                        u32::from(matches!(state, Ok(Claimed::Completed(Replay::Unrecorded))));
-                    compacted +=
-                        u32::from(matches!(state, Ok(Claimed::Resume(_, COMPACTED_DOUBT))));
-                    if let Ok(Claimed::Fresh(f) | Claimed::Resume(f, _)) = state {
-                        held.retain(|(h, _)| *h != k);
-                        held.push((k, f));
-                    }
-                }
-                4..=8 if !held.is_empty() => {
-                    let (k, f) = held.swap_remove(next(held.len() as u64) as usize);
-                    let end = match next(4) {
-                        0 => End::Completed(&Value),
-                        1 => End::Settled,
-                        2 => End::InDoubt,
-                        _ => {
-                            ledger.abandon(k, f);
-                            check(&ledger.shard(k), bounds);
-                            continue;
-                        }
-                    };
-                    // Every hold in `held` is its key's current one.
-                    ledger.finish(k, f, end).await.expect("the hold is ours");
-                }
-                _ => tokio::time::advance(Duration::from_secs(next(10))).await,
-            }
-            check(&ledger.shard(key(0)), bounds);
-        }
-        // The walk went through every path: both kinds of tombstone
-        // answered a claim, and the hard bound was reached.
-        assert!(unrecorded > 0 && compacted > 0 && ledger.forgotten() > 0);
-    }
-
-    #[test]
-    fn a_tombstone_is_small() {
-        // What the docs' memory figures are made of.
-        assert_eq!(std::mem::size_of::<(u64, Tomb)>(), 24);
-        assert_eq!(std::mem::size_of::<(Instant, u64)>(), 24);
-        assert_eq!(std::mem::size_of::<(u64, u64)>(), 16);
-        println!("record: {} bytes + its queue entries", std::mem::size_of::<(u128, Entry)>());
-    }
-}
+mod tests;
