@@ -15,7 +15,7 @@ use crate::ArgsError;
 /// The deepest nesting of arrays and objects serde_json's parser reads in
 /// a JSON text, the outermost value's own level included: a text nested
 /// one level deeper is refused ([`JsonTextError::TooDeep`]). One less than
-/// [`MAX_DEPTH`]: serde_json refuses the container that would be its 128th
+/// [`MAX_DEPTH`](super::MAX_DEPTH): serde_json refuses the container that would be its 128th
 /// level.
 pub const TEXT_DEPTH: usize = 127;
 
@@ -33,11 +33,11 @@ pub const TEXT_DEPTH: usize = 127;
 ///   tool runs with could differ.
 /// - Nesting beyond what serde_json reads ([`TEXT_DEPTH`] levels, the
 ///   arguments object included): "field `meta`: nested deeper than 126
-///   levels of arrays and objects", counted, as [`check_depth`] counts,
+///   levels of arrays and objects", counted, as [`check_depth`](super::check_depth) counts,
 ///   from the field's own value.
 ///
 /// A value that is not an object is returned as it is: the tool refuses
-/// it ([`not_an_object`]).
+/// it ([`not_an_object`](super::not_an_object)).
 pub fn parse_arguments(tool: &'static str, text: &str) -> Result<Value, ArgsError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
