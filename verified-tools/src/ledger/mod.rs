@@ -45,6 +45,26 @@
 //!    dispatching), and documents the hard bound past which it forgets
 //!    ([`MemoryLedger`]).
 //!
+//! # What fencing does not stop: a holder paused past its lease
+//!
+//! A worker paused past its lease (a stopped process, a long GC pause, a
+//! swapped-out host) may have an attempt already handed to its client when
+//! it stops. Its successor takes the key over in doubt, verifies, reads
+//! `Absent` (the attempt has not arrived) and dispatches. When the paused
+//! worker resumes, the ledger fences every write it makes (its outcome is
+//! never recorded, and the engine reports it in doubt, `Superseded`, never
+//! `NotApplied`), but the request its client already held still goes out:
+//!
+//! - to a service that honours idempotency keys it carries the same key as
+//!   the successor's, and is deduplicated;
+//! - to a service that honours deadlines it arrives after its deadline (the
+//!   lease outlasts every call's deadline) and is dropped;
+//! - to a service that honours neither it is a second effect. Only a check
+//!   at the resource stops it: write the call's key (or a fence) into the
+//!   effect and let the store refuse a second one (a unique constraint on
+//!   the key column, a conditional update), as Kleppmann's fencing tokens
+//!   require: a token protects only what checks it.
+//!
 //! # Fail closed
 //!
 //! When the store cannot be reached, [`Ledger::claim`] returns an error and
