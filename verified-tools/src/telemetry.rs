@@ -8,24 +8,75 @@
 //! | span field | value |
 //! |---|---|
 //! | `otel.name` | `execute_tool {tool}` (the span's name for OpenTelemetry exporters) |
+//! | `otel.status_code` | `OK` for a success, `ERROR` for every other outcome, set once, at the end |
+//! | `otel.status_description` | an error's outcome, reason and text: `unknown (retries_exhausted): no answer within 100 ms` |
 //! | `gen_ai.operation.name` | `execute_tool` |
 //! | `gen_ai.tool.name` | the tool's name |
-//! | `gen_ai.tool.description` | its doc comment |
+//! | `gen_ai.tool.type` | `function`: the tool runs in the agent's own process |
+//! | `gen_ai.tool.description` | its doc comment, when it has one |
 //! | `gen_ai.tool.call.id` | the LLM provider's tool-call id, when the call is keyed by one |
-//! | `error.type` | the outcome, when it is not a success (`not_applied`, `unknown`, ...) |
-//! | `verified_tools.agent`, `.key`, `.side_effect`, `.attempts`, `.outcome`, `.proof` | ours |
+//! | `error.type` | the outcome, when it is not a success (`not_applied`, `unknown`, `refused`, ...) |
+//! | `verified_tools.agent`, `.key`, `.side_effect`, `.outcome`, `.proof`, `.reason` | ours, strings |
+//! | `verified_tools.attempts` | attempts dispatched, an integer |
 //!
-//! An event (level DEBUG) marks each transition, with `state` and what the
-//! audit trail records of it. Arguments are never recorded: secrets stay out.
+//! An event named `verified_tools.transition` (level DEBUG) marks each
+//! transition, with what the audit trail records of it under the audit's own
+//! names and values, prefixed: `verified_tools.state`, `.attempt`,
+//! `.elapsed_ms`, `.deadline_ms` (integers), `.verdict`, `.settled`,
+//! `.error_class`, `.error`, `.outcome`, `.proof`, `.reason`. Every name and
+//! value is the audit's snake_case (`planned`, `verifier`), so one query fits
+//! spans, events and audit lines. Arguments are never recorded: secrets stay
+//! out.
+//!
+//! Why these shapes, for `tracing-opentelemetry`: a field named `error` (or
+//! `exception.*`) on an event turns it into an `exception` event and the span
+//! into an error, though the call may still end in a proven success (a lost
+//! answer the verifier found applied); so the attempt's error is
+//! `verified_tools.error`, and the status is decided once, from the outcome.
+//! An OpenTelemetry attribute is an `i64`, not a `u64` (a `u64` arrives as
+//! its text): counts and durations are recorded as `i64`. A `refused` call
+//! is an error too: the effect the agent asked for did not happen, and
+//! `error.type` is set, which the conventions pair with the Error status.
+//!
+//! Exporting the spans with OpenTelemetry (`tracing-opentelemetry` 0.32,
+//! `opentelemetry` and `opentelemetry_sdk` 0.31, `tracing-subscriber` 0.3):
+//!
+//! ```
+//! use opentelemetry::trace::TracerProvider as _;
+//! use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+//! use tracing_subscriber::layer::SubscriberExt;
+//!
+//! let exporter = InMemorySpanExporter::default(); // or OTLP, or stdout
+//! let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
+//! let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("my-agent"));
+//! let subscriber = tracing_subscriber::registry().with(otel);
+//! tracing::subscriber::set_global_default(subscriber)?;
+//! # let cx = verified_tools::Context::new("agent");
+//! # static SPEC: verified_tools::ToolSpec =
+//! #     verified_tools::ToolSpec::new("save_draft", verified_tools::SideEffect::Low);
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+//! # let result: verified_tools::ToolResult<u32, std::io::Error> = rt.block_on(
+//! #     verified_tools::engine::call(&cx, &SPEC, &1u8, &1u8, |_| async { Ok(7) },
+//! #         verified_tools::engine::no_verifier(), verified_tools::ledger::Codec::serde()));
+//! # assert!(result.is_success());
+//! // ... the agent's calls of verified tools ...
+//! provider.force_flush()?;
+//! # let spans = exporter.get_finished_spans()?;
+//! # assert_eq!(spans[0].name, "execute_tool save_draft");
+//! # assert_eq!(spans[0].status, opentelemetry::trace::Status::Ok);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use crate::audit::AuditEvent;
 
 #[cfg(feature = "tracing")]
 mod spans {
+    use std::fmt;
+
     use tracing::field::Empty;
 
     use crate::audit::{AuditEvent, CallState};
-    use crate::{Context, KeyScope, ToolSpec};
+    use crate::{Context, ErrorClass, KeyScope, Proof, ToolSpec, UnknownReason, Verdict};
 
     /// The span of one logical call.
     pub(crate) type Span = tracing::Span;
@@ -35,12 +86,16 @@ mod spans {
         if !tracing::dispatcher::has_been_set() {
             return Span::none();
         }
+        let description = (!spec.description.is_empty()).then_some(spec.description);
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = %format_args!("execute_tool {}", spec.name),
+            otel.status_code = Empty,
+            otel.status_description = Empty,
             gen_ai.operation.name = "execute_tool",
             gen_ai.tool.name = spec.name,
-            gen_ai.tool.description = spec.description,
+            gen_ai.tool.type = "function",
+            gen_ai.tool.description = description,
             gen_ai.tool.call.id = Empty,
             error.type = Empty,
             verified_tools.agent = cx.agent(),
@@ -49,6 +104,7 @@ mod spans {
             verified_tools.attempts = Empty,
             verified_tools.outcome = Empty,
             verified_tools.proof = Empty,
+            verified_tools.reason = Empty,
         );
         if let Some(KeyScope::ToolCall(id)) = cx.scope() {
             span.record("gen_ai.tool.call.id", id.as_str());
@@ -64,28 +120,126 @@ mod spans {
             span.record("verified_tools.key", tracing::field::display(key));
         }
         if e.state.is_terminal() {
-            span.record("verified_tools.attempts", e.attempt);
-            if let Some(outcome) = e.outcome {
-                span.record("verified_tools.outcome", outcome);
-                if outcome != "success" {
-                    span.record("error.type", outcome);
-                }
-            }
-            if let Some(proof) = e.proof {
-                span.record("verified_tools.proof", tracing::field::debug(proof));
-            }
+            end(span, e);
         }
-        tracing::debug!(
+        tracing::event!(
+            name: "verified_tools.transition",
             parent: span,
-            state = ?e.state,
-            attempt = e.attempt,
-            elapsed_ms = e.elapsed_ms,
-            verdict = e.verdict.map(tracing::field::display),
-            settled = e.settled,
-            error_class = e.error_class.map(tracing::field::debug),
-            error = e.error,
-            reason = e.reason.map(tracing::field::debug),
+            tracing::Level::DEBUG,
+            verified_tools.state = state_name(e.state),
+            verified_tools.attempt = i64::from(e.attempt),
+            verified_tools.elapsed_ms = int(e.elapsed_ms),
+            verified_tools.deadline_ms = e.deadline_ms.map(int),
+            verified_tools.verdict = e.verdict.map(verdict_name),
+            verified_tools.settled = e.settled,
+            verified_tools.error_class = e.error_class.map(class_name),
+            verified_tools.error = e.error,
+            verified_tools.outcome = e.outcome,
+            verified_tools.proof = e.proof.map(proof_name),
+            verified_tools.reason = e.reason.map(reason_name),
         );
+    }
+
+    /// The terminal transition decides the status, so what happened on the
+    /// way (a timed-out attempt, an `ERROR` event of the tool) never makes a
+    /// proven success an error.
+    fn end(span: &Span, e: &AuditEvent<'_>) {
+        span.record("verified_tools.attempts", i64::from(e.attempt));
+        let outcome = e.outcome.unwrap_or(state_name(e.state));
+        span.record("verified_tools.outcome", outcome);
+        if let Some(proof) = e.proof {
+            span.record("verified_tools.proof", proof_name(proof));
+        }
+        if let Some(reason) = e.reason {
+            span.record("verified_tools.reason", reason_name(reason));
+        }
+        if e.state == CallState::VerifiedSuccess {
+            span.record("otel.status_code", "OK");
+        } else {
+            span.record("error.type", outcome);
+            // The code before the description: `tracing-opentelemetry` reads
+            // `ERROR` as an error with an empty description, which would
+            // replace one recorded before it.
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", tracing::field::display(Status(outcome, e)));
+        }
+    }
+
+    /// An error status's description, formatted only by a subscriber that
+    /// asks for it.
+    struct Status<'a>(&'static str, &'a AuditEvent<'a>);
+
+    impl fmt::Display for Status<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let Status(outcome, e) = self;
+            f.write_str(outcome)?;
+            if let Some(reason) = e.reason {
+                write!(f, " ({})", reason_name(reason))?;
+            }
+            if let Some(error) = e.error {
+                write!(f, ": {error}")?;
+            }
+            Ok(())
+        }
+    }
+
+    /// OpenTelemetry has no unsigned integer: a `u64` would arrive as text.
+    fn int(n: u64) -> i64 {
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+
+    // The audit's serde names (`rename_all = "snake_case"`), spelled out
+    // here so that a span costs no serializer; `tests/otel.rs` checks that
+    // both say the same.
+
+    fn state_name(state: CallState) -> &'static str {
+        match state {
+            CallState::Planned => "planned",
+            CallState::Dispatched => "dispatched",
+            CallState::PendingVisibility => "pending_visibility",
+            CallState::VerifiedSuccess => "verified_success",
+            CallState::VerifiedFailure => "verified_failure",
+            CallState::Unknown => "unknown",
+            CallState::Escalated => "escalated",
+            CallState::Refused => "refused",
+        }
+    }
+
+    fn proof_name(proof: Proof) -> &'static str {
+        match proof {
+            Proof::Response => "response",
+            Proof::Verifier => "verifier",
+            Proof::Ledger => "ledger",
+        }
+    }
+
+    fn class_name(class: ErrorClass) -> &'static str {
+        match class {
+            ErrorClass::Definitive => "definitive",
+            ErrorClass::NotSent => "not_sent",
+            ErrorClass::Ambiguous => "ambiguous",
+            ErrorClass::Conflict => "conflict",
+        }
+    }
+
+    fn reason_name(reason: UnknownReason) -> &'static str {
+        match reason {
+            UnknownReason::RetriesExhausted => "retries_exhausted",
+            UnknownReason::Superseded => "superseded",
+            UnknownReason::VerifierInconclusive => "verifier_inconclusive",
+            UnknownReason::Unsettled => "unsettled",
+            UnknownReason::DeadlineExceeded => "deadline_exceeded",
+            UnknownReason::LedgerUnavailable => "ledger_unavailable",
+            UnknownReason::ValueNotRecorded => "value_not_recorded",
+        }
+    }
+
+    fn verdict_name(verdict: Verdict) -> &'static str {
+        match verdict {
+            Verdict::Holds(()) => "holds",
+            Verdict::Absent => "absent",
+            Verdict::Unknown => "unknown",
+        }
     }
 }
 

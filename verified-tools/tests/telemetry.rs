@@ -111,7 +111,10 @@ fn one_span_per_call_named_and_shaped_by_the_genai_conventions() {
     assert_eq!(field("verified_tools.key"), Some(result.key().unwrap().to_string().as_str()));
     assert_eq!(field("verified_tools.attempts"), Some("1"));
     assert_eq!(field("verified_tools.outcome"), Some("success"));
-    assert_eq!(field("verified_tools.proof"), Some("Verifier"));
+    assert_eq!(field("verified_tools.proof"), Some("verifier"), "the audit's casing");
+    assert_eq!(field("gen_ai.tool.type"), Some("function"));
+    assert_eq!(field("otel.status_code"), Some("OK"));
+    assert_eq!(field("otel.status_description"), None);
     assert_eq!(field("error.type"), None, "a success has no error type");
 }
 
@@ -119,19 +122,27 @@ fn one_span_per_call_named_and_shaped_by_the_genai_conventions() {
 fn an_event_per_transition_and_an_error_type_in_doubt() {
     let (result, seen) = traced(&[Attempt::Hang, Attempt::Hang]);
     assert!(!result.is_success(), "{result:?}");
-    let states: Vec<&str> =
-        seen.events.iter().filter_map(|e| e.get("state").map(String::as_str)).collect();
-    assert_eq!(states.first(), Some(&"Planned"));
-    assert!(states.contains(&"Dispatched") && states.contains(&"PendingVisibility"), "{states:?}");
+    let states: Vec<&str> = seen
+        .events
+        .iter()
+        .filter_map(|e| e.get("verified_tools.state").map(String::as_str))
+        .collect();
+    assert_eq!(states.first(), Some(&"planned"));
+    assert!(states.contains(&"dispatched") && states.contains(&"pending_visibility"), "{states:?}");
     assert_eq!(
         states
             .iter()
-            .filter(|s| ["VerifiedFailure", "Unknown", "VerifiedSuccess"].contains(s))
+            .filter(|s| ["verified_failure", "unknown", "verified_success"].contains(s))
             .count(),
         1
     );
+    // No event field is named `error`: OpenTelemetry layers read that as an
+    // exception and fail the span.
+    assert!(seen.events.iter().all(|e| !e.contains_key("error")), "{:?}", seen.events);
+    assert!(seen.events.iter().any(|e| e.contains_key("verified_tools.error")));
     let fields = &seen.spans[0].1;
     assert_eq!(fields.get("error.type").map(String::as_str), Some(result.label()));
+    assert_eq!(fields.get("otel.status_code").map(String::as_str), Some("ERROR"));
 }
 
 #[test]
