@@ -9,7 +9,9 @@
 //!   a deterministic planner per task that re-plans a `NotApplied` step as a
 //!   new call and re-issues an `Unknown` one as the same call (same key);
 //! - [`experiment`]: methods, the grid of episodes, scored on ground truth;
-//! - [`report`]: the table, the JSON cells and Figure 2 as SVG.
+//! - [`report`]: the table, the JSON cells and Figure 2 as SVG;
+//! - [`ops`]: the operator's door to a ledger (`examples/ledger.rs`): list
+//!   the calls in doubt, show one, resolve one by a person's audited decision.
 //!
 //! `cargo run --release --example agent` runs the whole grid. One episode:
 //!
@@ -36,5 +38,6 @@
 pub mod agent;
 pub mod experiment;
 pub mod llm;
+pub mod ops;
 pub mod report;
 pub mod tools;

@@ -12,11 +12,11 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, ScriptInvocation, Value};
+use redis::{Cmd, RedisError, Script, ScriptInvocation, Value};
 
 use super::{
-    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Replay,
-    Settle,
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
+    RecordState, RecordView, Replay, Resolution, Settle,
 };
 use crate::{IdempotencyKey, PayloadDigest};
 
@@ -114,8 +114,43 @@ redis.call('HSET', KEYS[1], 's', 'd')
 return 1
 ";
 
-static SCRIPTS: LazyLock<[Script; 4]> =
-    LazyLock::new(|| [CLAIM, DISPATCHING, FINISH, ABANDON].map(Script::new));
+/// Reads records for an operator, with the time. KEYS: the records. Replies
+/// `{now (µs), then per record its s, l, a, o, t}` (each nil when absent).
+const READ: &str = r"
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000000 + tonumber(t[2])}
+for _, key in ipairs(KEYS) do
+  local r = redis.call('HMGET', key, 's', 'l', 'a', 'o', 't')
+  for i = 1, 5 do out[#out + 1] = r[i] end
+end
+return out
+";
+
+/// Records a person's decision about a record in doubt. KEYS: the fence
+/// counter, the record. ARGV: `c` (applied) or `s` (not applied), TTL (ms).
+/// Replies the state before as its letter (`h` only for a live hold: a hold
+/// past its lease is `d`, and resolved), or 0 when there is no record. Only
+/// `d` changed anything.
+const RESOLVE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local r = redis.call('HMGET', KEYS[2], 's', 'l')
+if not r[1] then return 0 end
+if r[1] == 'h' and tonumber(r[2]) > now then return 'h' end
+if r[1] ~= 'h' and r[1] ~= 'd' then return r[1] end
+local fence = string.format('%.0f', redis.call('INCR', KEYS[1]))
+if ARGV[1] == 'c' then
+  redis.call('HSET', KEYS[2], 's', 'c', 'n', fence)
+else
+  redis.call('HSET', KEYS[2], 's', 's', 'n', fence, 'a', '0', 'o', '0',
+    't', string.format('%.0f', now))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 'd'
+";
+
+static SCRIPTS: LazyLock<[Script; 6]> =
+    LazyLock::new(|| [CLAIM, DISPATCHING, FINISH, ABANDON, READ, RESOLVE].map(Script::new));
 
 fn script(which: usize) -> &'static Script {
     &SCRIPTS[which]
@@ -125,6 +160,12 @@ const S_CLAIM: usize = 0;
 const S_DISPATCHING: usize = 1;
 const S_FINISH: usize = 2;
 const S_ABANDON: usize = 3;
+const S_READ: usize = 4;
+const S_RESOLVE: usize = 5;
+
+/// Keys asked of `SCAN` per round trip by [`Ledger::in_doubt`], and records
+/// read per `READ` script.
+const SCAN_COUNT: usize = 256;
 
 /// Durations sent to Redis are capped here (about 35 years): the scripts'
 /// arithmetic is on doubles, exact below 2^53 µs.
@@ -245,6 +286,34 @@ const MAX_MICROS: u64 = 1 << 50;
 /// (a Redis that hangs runs its queue when it wakes): its key then stays
 /// held until the lease ends, and the next call takes it over in doubt and
 /// verifies first.
+///
+/// # The operator's door
+///
+/// [`record`](Ledger::record), [`in_doubt`](Ledger::in_doubt) and
+/// [`resolve`](Ledger::resolve) are implemented (the `ledger` example of the
+/// repository is their command line):
+///
+/// - A hold past its lease is shown and listed *in doubt*: its holder is
+///   presumed dead, and the next call would take the key over to verify, as
+///   it does a record in doubt. Its holder's process may be alive, though,
+///   only slow: resolve such a record when you know its process is gone.
+/// - `record` is one script (`HMGET` and `TIME`, read only).
+/// - `in_doubt` is an operator's tool, not for the hot path: it walks the
+///   server's keys with `SCAN MATCH <prefix>k:*` (a few hundred per round
+///   trip, so Redis never blocks on it), reading the records found with one
+///   script per batch, until it has `limit` records in doubt or the scan
+///   ends. `SCAN` visits every key of the database, whatever its prefix: on a
+///   server of millions of keys, a listing of a few records in doubt takes
+///   thousands of round trips. A record created or changed during the scan
+///   may be missed: list again.
+/// - `resolve` is one script: it changes the record only when it is in
+///   doubt. [`Resolution::Applied`] makes it completed without a value (a
+///   repeat verifies to obtain the value and never dispatches),
+///   [`Resolution::NotApplied`] settled now with no attempt counted (a repeat
+///   verifies, then has the key's whole budget); either expires after the
+///   TTL, like a finish. It takes a new fence from the counter, so a holder
+///   presumed dead that wakes up is fenced ([`LedgerError::Fenced`]): its
+///   outcome never overwrites a person's decision.
 #[derive(Debug, Clone)]
 pub struct RedisLedger {
     conn: ConnectionManager,
@@ -369,8 +438,44 @@ impl RedisLedger {
         out
     }
 
+    /// The idempotency key of a record's Redis key, if it is one of this
+    /// namespace's (another prefix may start with this one: `vt:k:x`).
+    fn key_of(&self, name: &[u8]) -> Option<IdempotencyKey> {
+        let hex = name.strip_prefix(self.prefix.as_bytes())?.strip_prefix(b"k:")?;
+        std::str::from_utf8(hex).ok()?.parse().ok()
+    }
+
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, LedgerError> {
         run(self.conn.clone(), self.timeout, invocation).await
+    }
+
+    /// Runs a read-only command, bounded, retrying once on a connection
+    /// found broken (reading twice is harmless).
+    async fn query(&self, cmd: &Cmd) -> Result<Value, LedgerError> {
+        let mut conn = self.conn.clone();
+        let attempts = async {
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(bound(self.timeout), attempts).await {
+            Ok(answer) => answer.map_err(unavailable),
+            Err(_) => Err(no_answer(bound(self.timeout))),
+        }
+    }
+
+    /// The records of `keys`, read in one script at one instant of Redis's
+    /// clock; `None` for those that are gone.
+    async fn read(&self, keys: &[IdempotencyKey]) -> Result<Vec<Option<RecordView>>, LedgerError> {
+        let mut invocation = script(S_READ).prepare_invoke();
+        for &key in keys {
+            invocation.key(self.record_key(key));
+        }
+        let reply = self.run(&invocation).await?;
+        read_views(&reply, keys)
     }
 }
 
@@ -478,6 +583,116 @@ fn claimed(reply: &Value, request: &ClaimRequest) -> Result<Claim, LedgerError> 
     Ok(Claim { key, state })
 }
 
+/// Reads a `READ` script's reply: the time, then five fields per key.
+fn read_views(
+    reply: &Value,
+    keys: &[IdempotencyKey],
+) -> Result<Vec<Option<RecordView>>, LedgerError> {
+    views_of(reply, keys).ok_or_else(|| corrupt("read", reply))
+}
+
+fn views_of(reply: &Value, keys: &[IdempotencyKey]) -> Option<Vec<Option<RecordView>>> {
+    let Value::Array(items) = reply else { return None };
+    let (Value::Int(now), fields) = items.split_first()? else { return None };
+    if fields.len() != 5 * keys.len() {
+        return None;
+    }
+    let mut views = Vec::with_capacity(keys.len());
+    for (&key, f) in keys.iter().zip(fields.chunks_exact(5)) {
+        let Some(state) = text(&f[0])? else {
+            // Expired or deleted since it was found.
+            views.push(None);
+            continue;
+        };
+        let state = match state {
+            // A hold past its lease is in doubt: the next claim takes it
+            // over to verify first, as it does a record in doubt.
+            "h" if number(&f[1])?.is_some_and(|end| *now < end) => RecordState::Held,
+            "h" | "d" => RecordState::InDoubt,
+            "s" => RecordState::Settled,
+            "c" => RecordState::Completed,
+            _ => return None,
+        };
+        let attempts = u32::try_from(number(&f[2])??).ok()?;
+        let after_ok = text(&f[3])? == Some("1");
+        let settle = match number(&f[4])? {
+            Some(at) => {
+                Settle::After(Duration::from_micros(at.saturating_sub(*now).max(0).unsigned_abs()))
+            }
+            None => Settle::Never,
+        };
+        let progress = Progress { attempts, after_ok, settle };
+        views.push(Some(RecordView { key, state, progress }));
+    }
+    Some(views)
+}
+
+/// A hash field as text: `Some(None)` when absent, `None` when not text.
+fn text(value: &Value) -> Option<Option<&str>> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(Some),
+        Value::Nil => Some(None),
+        _ => None,
+    }
+}
+
+/// A hash field as an integer: `Some(None)` when absent, `None` when not one.
+fn number(value: &Value) -> Option<Option<i64>> {
+    match text(value)? {
+        Some(t) => t.parse().ok().map(Some),
+        None => Some(None),
+    }
+}
+
+/// Reads a `RESOLVE` script's reply: the state before, by its letter.
+fn resolved(reply: &Value) -> Result<Option<RecordState>, LedgerError> {
+    let letter = match reply {
+        Value::Int(0) => return Ok(None),
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(text) => text.as_bytes(),
+        _ => return Err(corrupt("resolve", reply)),
+    };
+    Ok(Some(match letter {
+        b"h" => RecordState::Held,
+        b"d" => RecordState::InDoubt,
+        b"s" => RecordState::Settled,
+        b"c" => RecordState::Completed,
+        _ => return Err(corrupt("resolve", reply)),
+    }))
+}
+
+/// `SCAN`'s pattern matching the keys that start with `prefix`, its glob
+/// characters escaped.
+fn glob_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 4);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str("k:*");
+    pattern
+}
+
+/// Reads a `SCAN` reply: the next cursor (0: done) and the keys found.
+fn scanned(reply: &Value) -> Result<(u64, Vec<&[u8]>), LedgerError> {
+    let bad = || corrupt("scan", reply);
+    let Value::Array(items) = reply else { return Err(bad()) };
+    let [Value::BulkString(cursor), Value::Array(names)] = items.as_slice() else {
+        return Err(bad());
+    };
+    let cursor = std::str::from_utf8(cursor).ok().and_then(|c| c.parse().ok()).ok_or_else(bad)?;
+    let names = names
+        .iter()
+        .map(|name| match name {
+            Value::BulkString(bytes) => Ok(bytes.as_slice()),
+            _ => Err(bad()),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((cursor, names))
+}
+
 /// Reads a fenced write's reply: 1 done, 0 fenced.
 fn fenced(what: &str, reply: &Value, fence: Fence) -> Result<(), LedgerError> {
     match reply {
@@ -571,6 +786,57 @@ impl Ledger for RedisLedger {
     fn lease(&self) -> Duration {
         self.lease
     }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        LedgerFuture::boxed(async move { Ok(self.read(&[key]).await?.pop().flatten()) })
+    }
+
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        LedgerFuture::boxed(async move {
+            let mut found: Vec<RecordView> = Vec::new();
+            let pattern = glob_prefix(&self.prefix);
+            let mut cursor = 0u64;
+            while found.len() < limit {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT);
+                let reply = self.query(&scan).await?;
+                let (next, names) = scanned(&reply)?;
+                // SCAN may return a key twice.
+                let keys: Vec<IdempotencyKey> = names
+                    .into_iter()
+                    .filter_map(|name| self.key_of(name))
+                    .filter(|key| !found.iter().any(|view| view.key == *key))
+                    .collect();
+                if !keys.is_empty() {
+                    let views = self.read(&keys).await?.into_iter().flatten();
+                    let doubt = views.filter(|view| view.state == RecordState::InDoubt);
+                    found.extend(doubt.take(limit - found.len()));
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+            Ok(found)
+        })
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        LedgerFuture::boxed(async move {
+            let mut invocation = script(S_RESOLVE).prepare_invoke();
+            invocation.key(self.fence_key()).key(self.record_key(key));
+            let state = match resolution {
+                Resolution::Applied => "c",
+                Resolution::NotApplied => "s",
+            };
+            invocation.arg(state).arg(millis(self.ttl));
+            resolved(&self.run(&invocation).await?)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -631,5 +897,46 @@ mod tests {
         assert!(matches!(claimed(&Value::Nil, &request), Err(LedgerError::Corrupt(_))));
         let unknown = claimed(&reply(vec![Value::Int(9), Value::Int(0)]), &request);
         assert!(matches!(unknown, Err(LedgerError::Corrupt(_))));
+    }
+
+    #[test]
+    fn operator_replies_are_read_and_anything_else_is_corrupt() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let (a, b) = (IdempotencyKey::from_u128(1), IdempotencyKey::from_u128(2));
+        // A hold past its lease (at 1000, now 5000) is in doubt; a record
+        // gone since it was found is none.
+        let reply = Value::Array(vec![
+            Value::Int(5_000),
+            bulk("h"),
+            bulk("1000"),
+            bulk("2"),
+            bulk("1"),
+            bulk("7000"),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+        ]);
+        let views = read_views(&reply, &[a, b]).expect("a read reply");
+        let settle = Settle::After(Duration::from_micros(2_000));
+        let progress = Progress { attempts: 2, after_ok: true, settle };
+        assert_eq!(
+            views,
+            [Some(RecordView { key: a, state: RecordState::InDoubt, progress }), None]
+        );
+        assert!(matches!(read_views(&reply, &[a]), Err(LedgerError::Corrupt(_))));
+        assert_eq!(resolved(&Value::Int(0)), Ok(None));
+        assert_eq!(resolved(&bulk("h")), Ok(Some(RecordState::Held)));
+        assert_eq!(resolved(&bulk("d")), Ok(Some(RecordState::InDoubt)));
+        assert!(matches!(resolved(&bulk("x")), Err(LedgerError::Corrupt(_))));
+        let scan = Value::Array(vec![bulk("17"), Value::Array(vec![bulk("vt:k:00")])]);
+        assert_eq!(scanned(&scan).expect("a scan reply"), (17, vec![&b"vt:k:00"[..]]));
+    }
+
+    #[test]
+    fn glob_characters_of_a_prefix_are_matched_literally() {
+        assert_eq!(glob_prefix("vt:"), "vt:k:*");
+        assert_eq!(glob_prefix(r"a*b?[c]\"), r"a\*b\?\[c\]\\k:*");
     }
 }

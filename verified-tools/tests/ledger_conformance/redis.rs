@@ -33,7 +33,11 @@ impl Backend for Redis {
     }
 }
 
-crate::conformance!(RedisServer::shared().map(|server| Redis { server }), paused = false);
+crate::conformance!(
+    RedisServer::shared().map(|server| Redis { server }),
+    paused = false,
+    operator = true
+);
 
 /// A namespace no other test (nor an earlier run on the same server) uses.
 fn unique_prefix() -> String {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::time::sleep;
 use verified_tools::ledger::{
     Claim, ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    Recorded, Replay, Settle, SqliteLedger,
+    RecordState, RecordView, Recorded, Replay, Resolution, Settle, SqliteLedger,
 };
 use verified_tools::{
     CallError, Context, IdempotencyKey, Proof, SideEffect, ToolResult, ToolSpec, engine,
@@ -92,6 +92,22 @@ impl Ledger for OnFile {
     fn lease(&self) -> Duration {
         self.ledger.lease()
     }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        self.ledger.record(key)
+    }
+
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        self.ledger.in_doubt(limit)
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        self.ledger.resolve(key, resolution)
+    }
 }
 
 struct Sqlite;
@@ -109,7 +125,7 @@ impl Backend for Sqlite {
     }
 }
 
-crate::conformance!(Some(Sqlite), paused = false);
+crate::conformance!(Some(Sqlite), paused = false, operator = true);
 
 // ---------------------------------------------------------------- helpers
 
@@ -468,6 +484,28 @@ async fn expired_records_are_purged_records_in_doubt_never() {
     assert_eq!(ledger.purge_expired().await, Ok(24));
     assert_eq!(count(&conn), 2, "the records in doubt and held stay");
     assert!(matches!(state(&ledger, k(9000), 1).await, Claimed::Resume(..)));
+}
+
+// ---------------------------------------------------------------- the operator's listing
+
+#[tokio::test]
+async fn the_listing_walks_the_whole_table_a_chunk_at_a_time() {
+    let db = TempDb::new("walk");
+    // Thousands of transactions: no fsync each, the file is thrown away.
+    let ledger = SqliteLedger::open(db.path()).unwrap().with_power_loss_durability(false).unwrap();
+    // Past two chunks of 512, with records in doubt on both sides of each
+    // boundary (keys are walked in their order: n's).
+    let doubt = [0, 511, 512, 513, 1023, 1024, 1199];
+    for n in 0..1200 {
+        let fence = fresh(&ledger, k(n), 1).await;
+        let end = if doubt.contains(&n) { End::InDoubt } else { End::Settled };
+        ledger.finish(k(n), fence, end).await.unwrap();
+    }
+    let mut listed: Vec<_> = ledger.in_doubt(100).await.unwrap().iter().map(|v| v.key).collect();
+    listed.sort();
+    assert_eq!(listed, doubt.map(k));
+    let three = ledger.in_doubt(3).await.unwrap();
+    assert_eq!(three.iter().map(|v| v.key).collect::<Vec<_>>(), [k(0), k(511), k(512)]);
 }
 
 // ---------------------------------------------------------------- bad files

@@ -1,5 +1,8 @@
 //! The ledger contract, as tests generic over the backend: every backend
-//! module instantiates all of them with `conformance!`.
+//! module instantiates all of them with `conformance!`. The operator's door
+//! (`Ledger::record`, `in_doubt`, `resolve`), which a backend may leave
+//! unsupported, has cases of its own that a backend adds with
+//! `operator = true`.
 //!
 //! Time is tokio's: a backend whose clock follows it (the in-memory one)
 //! runs on paused time, where the sleeps below are instant; a store with its
@@ -12,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 use verified_tools::ledger::{
-    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
-    Settle,
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, Progress, RecordState,
+    RecordView, Recorded, Replay, Resolution, Settle,
 };
 use verified_tools::{IdempotencyKey, PayloadDigest};
 
@@ -55,8 +58,27 @@ where
 
 /// One `#[test]` per suite test, for the backend `$make` builds (`None`:
 /// its server is missing, see `support::missing`).
+///
+/// `operator = true` adds the cases of the operator's door. A backend that
+/// implements `record`, `in_doubt` and `resolve` must list it; the in-memory
+/// ledger does not implement them yet, and joins by writing
+/// `conformance!(Some(Memory), paused = true, operator = true)`.
 #[macro_export]
 macro_rules! conformance {
+    ($make:expr, paused = $paused:expr, operator = true) => {
+        $crate::conformance!($make, paused = $paused);
+        $crate::conformance!(@tests $make, $paused;
+            a_record_in_doubt_is_listed_and_shown,
+            the_listing_is_bounded_by_its_limit,
+            a_held_record_is_neither_listed_nor_resolved,
+            a_decision_never_overwrites_what_a_call_proved,
+            resolving_applied_completes_the_call_without_a_value,
+            resolving_not_applied_gives_the_call_its_whole_budget,
+            a_hold_past_its_lease_is_in_doubt_and_its_holder_is_fenced_by_a_decision,
+            resolved_records_expire_like_finished_ones,
+            an_unknown_key_has_no_record_and_resolves_to_none,
+        );
+    };
     ($make:expr, paused = $paused:expr) => {
         $crate::conformance!(@tests $make, $paused;
             fresh_claim_then_in_flight,
@@ -361,4 +383,206 @@ pub async fn fences_grow_across_keys_and_handles<B: Backend>(b: Arc<B>) {
         assert!(fence > last, "fence {fence} after {last}");
         last = fence;
     }
+}
+
+// ---------------------------------------------------------------- the operator's door
+
+async fn listed(ledger: &dyn Ledger) -> Vec<RecordView> {
+    ledger.in_doubt(1000).await.expect("the store lists")
+}
+
+async fn shown(ledger: &dyn Ledger, key: IdempotencyKey) -> Option<RecordView> {
+    ledger.record(key).await.expect("the store reads")
+}
+
+async fn resolve(
+    ledger: &dyn Ledger,
+    key: IdempotencyKey,
+    resolution: Resolution,
+) -> Option<RecordState> {
+    ledger.resolve(key, resolution).await.expect("the store resolves")
+}
+
+/// A key whose call ended in doubt after `attempts` attempts, the last
+/// answered OK unconfirmed, settling in 30 s.
+async fn left_in_doubt(ledger: &dyn Ledger, k: IdempotencyKey, attempts: u32) {
+    let settle = Settle::After(Duration::from_secs(30));
+    let fence = fresh(ledger, ClaimRequest { first: first(settle), ..request(k, fp(1)) }).await;
+    let progress = Progress { attempts, after_ok: true, settle };
+    ledger.dispatching(k, fence, progress).await.expect("the holder writes");
+    ledger.finish(k, fence, End::InDoubt).await.expect("the holder finishes");
+}
+
+pub async fn a_record_in_doubt_is_listed_and_shown<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let (doubt, done, settled) = (key(200), key(201), key(202));
+    left_in_doubt(&*ledger, doubt, 2).await;
+    let fence = fresh(&*ledger, request(done, fp(1))).await;
+    ledger.finish(done, fence, End::Completed(&Value { n: 1, serializes: true })).await.unwrap();
+    let fence = fresh(&*ledger, request(settled, fp(1))).await;
+    ledger.finish(settled, fence, End::Settled).await.unwrap();
+
+    // Another process lists it: only the record in doubt, as it was left.
+    let list = listed(&*other).await;
+    assert_eq!(list.iter().map(|view| view.key).collect::<Vec<_>>(), [doubt], "{list:?}");
+    let view = list[0];
+    assert_eq!(view.state, RecordState::InDoubt);
+    assert_eq!((view.progress.attempts, view.progress.after_ok), (2, true));
+    match view.progress.settle {
+        Settle::After(left) => assert!(
+            left <= Duration::from_secs(30) && left > Duration::from_secs(20),
+            "settles in {left:?}"
+        ),
+        Settle::Never => panic!("a settle time was recorded"),
+    }
+    // Shown by itself, the same; the finished records show what they are.
+    let one = shown(&*other, doubt).await.expect("a record");
+    assert_eq!((one.key, one.state, one.progress.attempts), (doubt, RecordState::InDoubt, 2));
+    assert_eq!(shown(&*other, done).await.map(|v| v.state), Some(RecordState::Completed));
+    assert_eq!(shown(&*other, settled).await.map(|v| v.state), Some(RecordState::Settled));
+    // Looking changes nothing: the next call still verifies first.
+    let (_, progress) = resumed(&*ledger, request(doubt, fp(1))).await;
+    assert_eq!(progress.attempts, 2);
+}
+
+pub async fn the_listing_is_bounded_by_its_limit<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    for n in 0..3 {
+        left_in_doubt(&*ledger, key(210 + n), 1).await;
+    }
+    assert_eq!(listed(&*other).await.len(), 3);
+    let two = other.in_doubt(2).await.expect("the store lists");
+    assert_eq!(two.len(), 2, "{two:?}");
+    assert!(two[0].key != two[1].key, "each record once: {two:?}");
+    assert!(other.in_doubt(0).await.expect("the store lists").is_empty());
+}
+
+pub async fn a_held_record_is_neither_listed_nor_resolved<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(220);
+    let fence = fresh(&*ledger, request(k, fp(1))).await;
+    assert!(listed(&*other).await.is_empty(), "a live hold is not in doubt");
+    let view = shown(&*other, k).await.expect("a record");
+    assert_eq!((view.state, view.progress.attempts), (RecordState::Held, 1));
+    for resolution in [Resolution::Applied, Resolution::NotApplied] {
+        assert_eq!(resolve(&*other, k, resolution).await, Some(RecordState::Held));
+    }
+    // Nothing changed: the holder's writes land, and its outcome stands.
+    assert_eq!(shown(&*other, k).await, Some(view));
+    let second = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    ledger.dispatching(k, fence, second).await.expect("the holder still holds the key");
+    ledger.finish(k, fence, End::Completed(&Value { n: 8, serializes: true })).await.unwrap();
+    match claim(&*other, request(k, fp(1))).await.state {
+        Claimed::Completed(replay) => assert_eq!(replayed(&replay), Some(8)),
+        other => panic!("the holder's outcome stands, got {other:?}"),
+    }
+}
+
+pub async fn a_decision_never_overwrites_what_a_call_proved<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let (done, settled) = (key(230), key(231));
+    let fence = fresh(&*ledger, request(done, fp(1))).await;
+    ledger.finish(done, fence, End::Completed(&Value { n: 4, serializes: true })).await.unwrap();
+    let fence = fresh(&*ledger, request(settled, fp(1))).await;
+    ledger.finish(settled, fence, End::Settled).await.unwrap();
+    assert_eq!(resolve(&*other, done, Resolution::NotApplied).await, Some(RecordState::Completed));
+    assert_eq!(resolve(&*other, settled, Resolution::Applied).await, Some(RecordState::Settled));
+    match claim(&*ledger, request(done, fp(1))).await.state {
+        Claimed::Completed(replay) => assert_eq!(replayed(&replay), Some(4), "{replay:?}"),
+        other => panic!("the completed call still replays, got {other:?}"),
+    }
+    let (_, progress) = resumed(&*ledger, request(settled, fp(1))).await;
+    assert_eq!(progress.attempts, 1, "the settled record keeps its attempts");
+}
+
+pub async fn resolving_applied_completes_the_call_without_a_value<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(240);
+    left_in_doubt(&*ledger, k, 2).await;
+    assert_eq!(resolve(&*other, k, Resolution::Applied).await, Some(RecordState::InDoubt));
+    assert!(listed(&*other).await.is_empty(), "no longer in doubt");
+    assert_eq!(shown(&*other, k).await.map(|v| v.state), Some(RecordState::Completed));
+    // A repeat is told the call completed: it verifies to obtain the value
+    // and never dispatches.
+    for handle in [&ledger, &other] {
+        match claim(&**handle, request(k, fp(1))).await.state {
+            Claimed::Completed(Replay::Unrecorded) => {}
+            other => panic!("completed without a value, got {other:?}"),
+        }
+    }
+    // Decided once: a second decision is refused, as for any completed call.
+    assert_eq!(resolve(&*ledger, k, Resolution::NotApplied).await, Some(RecordState::Completed));
+}
+
+pub async fn resolving_not_applied_gives_the_call_its_whole_budget<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(250);
+    left_in_doubt(&*ledger, k, 2).await;
+    assert_eq!(resolve(&*other, k, Resolution::NotApplied).await, Some(RecordState::InDoubt));
+    assert!(listed(&*other).await.is_empty(), "no longer in doubt");
+    let settled_now = Progress { attempts: 0, after_ok: false, settle: Settle::NOW };
+    let view = shown(&*other, k).await.expect("a record");
+    assert_eq!((view.state, view.progress), (RecordState::Settled, settled_now));
+    // A repeat verifies first (nothing can land any more: an `Absent` is
+    // believed at once), then has every attempt of the key.
+    let (_, progress) = resumed(&*ledger, request(k, fp(1))).await;
+    assert_eq!(progress, settled_now);
+}
+
+pub async fn a_hold_past_its_lease_is_in_doubt_and_its_holder_is_fenced_by_a_decision<
+    B: Backend,
+>(
+    b: Arc<B>,
+) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(260);
+    let old = fresh(&*ledger, request(k, fp(1))).await;
+    sleep(CONFIG.lease + SLACK).await;
+    // Its holder is presumed dead: the next call would take it over in doubt.
+    let list = listed(&*other).await;
+    assert_eq!(
+        list.iter().map(|view| (view.key, view.state)).collect::<Vec<_>>(),
+        [(k, RecordState::InDoubt)]
+    );
+    assert_eq!(shown(&*other, k).await.map(|v| v.state), Some(RecordState::InDoubt));
+    assert_eq!(resolve(&*other, k, Resolution::NotApplied).await, Some(RecordState::InDoubt));
+    // The holder wakes up: none of its writes lands over the decision.
+    let late = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    assert_eq!(ledger.dispatching(k, old, late).await, Err(LedgerError::Fenced(old)));
+    let end = End::Completed(&Value { n: 9, serializes: true });
+    assert_eq!(ledger.finish(k, old, end).await, Err(LedgerError::Fenced(old)));
+    ledger.abandon(k, old);
+    sleep(SLACK).await;
+    let (new, progress) = resumed(&*other, request(k, fp(1))).await;
+    assert!(new > old, "fence {new} after {old}");
+    assert_eq!(progress.attempts, 0, "the decision stands");
+}
+
+pub async fn resolved_records_expire_like_finished_ones<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let (applied, not_applied, doubt) = (key(270), key(271), key(272));
+    for k in [applied, not_applied, doubt] {
+        left_in_doubt(&*ledger, k, 1).await;
+    }
+    assert_eq!(resolve(&*other, applied, Resolution::Applied).await, Some(RecordState::InDoubt));
+    let decided = resolve(&*other, not_applied, Resolution::NotApplied).await;
+    assert_eq!(decided, Some(RecordState::InDoubt));
+    sleep(CONFIG.ttl + SLACK).await;
+    assert_eq!(shown(&*other, applied).await, None);
+    assert_eq!(shown(&*other, not_applied).await, None);
+    fresh(&*ledger, request(applied, fp(1))).await;
+    fresh(&*ledger, request(not_applied, fp(1))).await;
+    // The record left in doubt is still there.
+    assert_eq!(listed(&*other).await.iter().map(|view| view.key).collect::<Vec<_>>(), [doubt]);
+}
+
+pub async fn an_unknown_key_has_no_record_and_resolves_to_none<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(280);
+    assert_eq!(shown(&*other, k).await, None);
+    assert_eq!(resolve(&*other, k, Resolution::Applied).await, None);
+    assert_eq!(resolve(&*other, k, Resolution::NotApplied).await, None);
+    assert_eq!(shown(&*other, k).await, None, "resolving created nothing");
+    assert!(listed(&*other).await.is_empty());
+    fresh(&*ledger, request(k, fp(1))).await;
 }

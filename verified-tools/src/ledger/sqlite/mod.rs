@@ -8,7 +8,7 @@ mod sql;
 
 use self::sql::{
     DEFAULT_BUSY_TIMEOUT, Ending, Failure, PURGE_EVERY, abandon, claim, connect, dispatching,
-    finish, now_ms, purge,
+    finish, now_ms, purge, record, resolve, scan,
 };
 
 use std::fmt;
@@ -22,7 +22,7 @@ use tokio::runtime::Handle;
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    Recorded, Replay, Settle,
+    RecordState, RecordView, Recorded, Replay, Resolution, Settle,
 };
 use crate::IdempotencyKey;
 
@@ -145,6 +145,37 @@ use crate::IdempotencyKey;
 /// blocking pool and returns (in the caller's thread outside a runtime). If
 /// that write is lost (the runtime shuts down, the process is killed), the
 /// lease ends the hold.
+///
+/// # The operator's door
+///
+/// [`record`](Ledger::record), [`in_doubt`](Ledger::in_doubt) and
+/// [`resolve`](Ledger::resolve) are implemented (the `ledger` example of the
+/// repository is their command line):
+///
+/// - A hold past its lease is shown and listed *in doubt*: its holder is
+///   presumed dead, and the next call would take the key over to verify, as
+///   it does a record in doubt. Its holder's process may be alive, though,
+///   only slow: resolve such a record when you know its process is gone.
+/// - `record` and `in_doubt` only read, without the write lock.
+/// - `in_doubt` is an operator's tool, not for the hot path: it walks the
+///   table by key, 512 records per statement, until it has `limit` records
+///   in doubt or reaches the end; no index serves it, since one that found
+///   the holds past their lease would cost every call an entry. The table
+///   holds about a TTL's worth of finished calls (plus those in doubt): at a
+///   few calls a second, a walk of hundreds of thousands of records, well
+///   under a second. The handle's connection is free between two
+///   statements, so the agents' calls on the same handle go on meanwhile.
+///   The walk is not one snapshot: a record that changes during it may be
+///   missed; list again.
+/// - `resolve` is one `BEGIN IMMEDIATE` transaction that changes the record
+///   only when it is in doubt: [`Resolution::Applied`] makes it completed
+///   without a value (a repeat verifies to obtain the value and never
+///   dispatches), [`Resolution::NotApplied`] settled now with no attempt
+///   counted (a repeat verifies, then has the key's whole budget); either
+///   expires after the TTL, like a finish. It takes a new fence from the
+///   counter, so a holder presumed dead that wakes up is fenced
+///   ([`LedgerError::Fenced`]): its outcome never overwrites a person's
+///   decision.
 pub struct SqliteLedger {
     shared: Arc<Shared>,
     lease: Duration,
@@ -384,5 +415,35 @@ impl Ledger for SqliteLedger {
 
     fn lease(&self) -> Duration {
         self.lease
+    }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        self.run(move |conn| record(conn, key))
+    }
+
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        let shared = Arc::clone(&self.shared);
+        LedgerFuture::boxed(async move {
+            let (mut found, mut after) = (Vec::new(), None);
+            while found.len() < limit {
+                let shared = Arc::clone(&shared);
+                let (views, last) = blocking(move || shared.with(|conn| scan(conn, after))).await?;
+                found.extend(views.into_iter().take(limit - found.len()));
+                match last {
+                    Some(key) => after = Some(key),
+                    None => break,
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        let ttl = self.ttl;
+        self.run(move |conn| resolve(conn, key, resolution, ttl))
     }
 }
