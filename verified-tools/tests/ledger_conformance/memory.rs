@@ -16,7 +16,7 @@ impl Backend for Memory {
     }
 }
 
-crate::conformance!(Some(Memory), paused = true);
+crate::conformance!(Some(Memory), paused = true, operator = true);
 
 /// Keys of one shard (the shard is picked by the high 64 bits).
 fn same_shard(n: u64) -> verified_tools::IdempotencyKey {
