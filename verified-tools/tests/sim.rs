@@ -396,6 +396,109 @@ async fn completing_a_partial_update_is_not_a_duplicate_but_a_second_full_one_is
     assert_eq!((dups[0].0.op, dups[0].1.applied, dups[0].1.partial), (Op::UpdateInvoiceRow, 3, 1));
 }
 
+// ---------------------------------------------------------------- partial OK
+
+/// Only partial OKs: every compound write applies in part and answers as if
+/// it had applied in full.
+fn partial_oks() -> FaultProfile {
+    FaultProfile::NONE.with_partial_ok(1.0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partial_ok_answers_as_a_full_write_and_leaves_activate_customer_false() {
+    let (s, o) = server(partial_oks());
+    let c = s.create_customer(C, None, None).await.unwrap(); // not compound: complete
+    let c =
+        s.set_customer_status(c.id, CustomerStatus::Active, c.version, None, None).await.unwrap();
+    // The answer says ACTIVE since now; the server stored no activated_at.
+    assert_eq!((c.status, c.activated_at), (CustomerStatus::Active, Some(0)));
+    assert_eq!(c.version, 2);
+    s.send_welcome(C, None, None).await.unwrap();
+    let truth = o.truth();
+    let stored = truth.customer(C).unwrap();
+    assert_eq!((stored.status, stored.activated_at, stored.version), (c.status, None, c.version));
+    assert!(!ActivateCustomer { customer: C }.holds(&truth));
+    // A read (a verifier's) sees what was stored, not what was answered.
+    assert_eq!(s.get_customer(C).await.unwrap().unwrap().activated_at, None);
+    let f = truth.faults();
+    assert_eq!((f.partial, f.partial_ok), (1, 1));
+    assert_eq!(truth.applied(Op::SetCustomerStatus, C.0).partial, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partial_ok_answers_as_a_full_write_and_leaves_record_invoice_false() {
+    let (s, o) = server(partial_oks());
+    let row = s.update_invoice_row(ROW, INV, AMOUNT, None, None).await.unwrap();
+    assert_eq!((row.invoice_id, row.amount), (Some(INV), Some(AMOUNT)));
+    let r = s.create_record(REC, INV, AMOUNT, None, None).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount, r.version), (Some(INV), Some(AMOUNT), 1));
+    let r = s.set_record_status(REC, RecordStatus::Recorded, r.version, None, None).await.unwrap();
+    assert_eq!(r.status, RecordStatus::Recorded); // not compound: complete, as stored
+    assert_eq!((r.invoice_id, r.amount), (None, None));
+    let task = RecordInvoice { row: ROW, invoice_id: INV, amount: AMOUNT, record: REC };
+    let truth = o.truth();
+    assert_eq!(truth.invoice_row(ROW).unwrap().amount, None);
+    assert!(!task.holds(&truth));
+    // The repair is compound too: it answers with the amount, stores none.
+    let r = s.update_record_fields(REC, INV, AMOUNT, r.version, None, None).await.unwrap();
+    assert_eq!((r.invoice_id, r.amount, r.version), (Some(INV), Some(AMOUNT), 3));
+    let stored = o.truth().record(REC).unwrap();
+    assert_eq!((stored.invoice_id, stored.amount, stored.version), (Some(INV), None, 3));
+    let f = o.truth().faults();
+    assert_eq!((f.partial, f.partial_ok), (3, 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_key_replays_the_partial_ok_answer() {
+    let (s, o) = server(partial_oks());
+    let first = s.create_record(REC, INV, AMOUNT, key(9), None).await.unwrap();
+    let again = s.create_record(REC, INV, AMOUNT, key(9), None).await.unwrap();
+    assert_eq!(again, first, "the stored answer, full-looking, not the record");
+    assert_eq!((again.invoice_id, again.amount), (Some(INV), Some(AMOUNT)));
+    let truth = o.truth();
+    assert_eq!(truth.applied(Op::CreateRecord, REC.0).applied, 1);
+    assert_eq!(truth.record(REC).map(|r| r.amount), Some(None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partial_ok_drawn_with_a_partial_success_answers_as_a_full_write() {
+    let both = FaultProfile { partial_success: 1.0, ..partial_oks() };
+    let (s, o) = server(both);
+    let row = s.update_invoice_row(ROW, INV, AMOUNT, None, None).await.unwrap();
+    assert_eq!(row.amount, Some(AMOUNT));
+    let truth = o.truth();
+    assert_eq!(truth.invoice_row(ROW).unwrap().amount, None);
+    assert_eq!((truth.faults().partial, truth.faults().partial_ok), (1, 1));
+    // A partial success alone answers with what it wrote.
+    let (s, o) = server(FaultProfile { partial_success: 1.0, ..FaultProfile::NONE });
+    assert_eq!(s.update_invoice_row(ROW, INV, AMOUNT, None, None).await.unwrap().amount, None);
+    assert_eq!((o.truth().faults().partial, o.truth().faults().partial_ok), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn partial_oks_occur_at_their_rate_and_only_on_compound_writes() {
+    const CALLS: u32 = 10_000;
+    let level = FaultLevel::High;
+    let p = FaultProfile::NONE.with_partial_ok(level.partial_ok_rate());
+    let (s, o) = server(p);
+    let c = s.create_customer(C, None, None).await.unwrap();
+    let (mut stored_partial, mut sends) = (0, 0);
+    for n in 0..CALLS {
+        let row = RowId(u64::from(n));
+        let answer = s.update_invoice_row(row, INV, AMOUNT, None, None).await.unwrap();
+        assert_eq!(answer.amount, Some(AMOUNT), "every answer looks complete");
+        stored_partial += u32::from(o.truth().invoice_row(row).unwrap().amount.is_none());
+        sends += u32::from(s.send_welcome(c.id, None, None).await.is_ok());
+    }
+    let f = o.truth().faults();
+    assert_eq!((f.partial, f.partial_ok), (stored_partial, stored_partial));
+    // 4 standard errors of 10,000 draws at 0.15: 0.0143.
+    let share = f64::from(stored_partial) / f64::from(CALLS);
+    assert!((share - 0.15).abs() < 0.0143, "{share}");
+    // Sends are not compound: every one applied in full, none counted.
+    assert_eq!((sends, o.truth().welcome_messages(C)), (CALLS, CALLS));
+}
+
 // ---------------------------------------------------------------- conflicts
 
 #[tokio::test(start_paused = true)]

@@ -25,7 +25,10 @@
 //! visibility, lag reads, lag time (the bulk), partial success, conflict;
 //! then, appended when late arrivals and the lag tail were added (so the
 //! seven earlier draws, and every fault they decide, are unchanged for the
-//! same seed): late arrival, its delay, lag tail, its length. The values of
+//! same seed): late arrival, its delay, lag tail, its length; then,
+//! appended with the partial-OK answer (issue 20), partial OK — so a
+//! profile whose [`partial_ok`](FaultProfile::partial_ok) is 0, every
+//! level's by default, draws every fault of every seed as before. The values of
 //! the earlier draws are the same as before; what they *mean* changed in
 //! one place: by default a drawn timeout is now the paper's timeout after
 //! dispatch (the request reached the server), where it used to be lost
@@ -51,10 +54,19 @@
 //! idempotency key replays the stored answer and applies nothing; a
 //! conflict bumps the version of a versioned write's target, so the write is
 //! rejected with `Conflict`; the write is applied, partially if a partial
-//! success was drawn, hidden from reads if a lag was drawn; finally a
-//! timeout after applying ([`Timeout::AfterApplying`]) replaces the answer
-//! with `Timeout`. Conflicts apply to versioned writes only, partial success
-//! to compound writes only; a drawn mode that does not apply is ignored.
+//! success or a partial OK was drawn, hidden from reads if a lag was drawn;
+//! finally a timeout after applying ([`Timeout::AfterApplying`]) replaces
+//! the answer with `Timeout`. Conflicts apply to versioned writes only,
+//! partial success and partial OK to compound writes only; a drawn mode
+//! that does not apply is ignored.
+//!
+//! A partial write answers OK either way; what differs is the answer's
+//! data. A *partial success* answers with what was written: a client that
+//! reads its answer can see the missing field. A *partial OK* answers with
+//! what a full write would have written (the paper's "HTTP 200 with partial
+//! data", section 2.3, from a service that does not know it failed in
+//! part): only a read of the state — a verifier — can tell. When both are
+//! drawn, the answer is the partial OK's. A key replays the answer given.
 
 use std::fmt;
 use std::str::FromStr;
@@ -178,6 +190,33 @@ impl FaultLevel {
             conflict,
             ..FaultProfile::NONE
         }
+    }
+
+    /// The level's partial-OK rate: Table 1's partial-success rate of the
+    /// level, drawn a second time and independently (low 0.03, medium 0.10,
+    /// high 0.15, extreme 0.25). The paper gives failure mode 3 one rate and
+    /// says it "may return HTTP 200 with partial data, or may surface no
+    /// error at all"; [`profile`](Self::profile) models the first reading
+    /// (the answer shows the partial data), the partial-OK world adds the
+    /// second at the same rate, so it has both.
+    pub const fn partial_ok_rate(self) -> f64 {
+        self.profile().partial_success
+    }
+
+    /// The level's [`profile`](Self::profile) with partial-OK answers at
+    /// [`partial_ok_rate`](Self::partial_ok_rate): every earlier fault of
+    /// every seed where it was, plus compound writes applied in part that
+    /// answer as if they had been applied in full.
+    ///
+    /// ```
+    /// use verified_tools::sim::FaultLevel;
+    ///
+    /// let p = FaultLevel::High.partial_ok_profile();
+    /// assert_eq!((p.partial_success, p.partial_ok), (0.15, 0.15));
+    /// assert_eq!(FaultLevel::High.profile().partial_ok, 0.0);
+    /// ```
+    pub const fn partial_ok_profile(self) -> FaultProfile {
+        self.profile().with_partial_ok(self.partial_ok_rate())
     }
 
     /// The level's lowercase name.
@@ -327,11 +366,19 @@ pub struct FaultProfile {
     /// Probability that a write stays invisible to reads for a while.
     pub delayed_visibility: f64,
     /// Probability that a compound write applies only part of its effects
-    /// (and still answers OK, with the partial data).
+    /// (and still answers OK, with the partial data: the answer shows what
+    /// is missing).
     pub partial_success: f64,
     /// Probability that a concurrent writer bumps the version of the target
     /// of a versioned write just before it, so the write is rejected.
     pub conflict: f64,
+    /// Probability that a compound write applies only part of its effects
+    /// and answers OK with the data a full write would have given (a
+    /// *partial OK*: nothing in the answer shows what is missing). Drawn
+    /// independently of [`partial_success`](Self::partial_success), after
+    /// every other draw. 0 in every [`FaultLevel::profile`]; see
+    /// [`FaultLevel::partial_ok_profile`].
+    pub partial_ok: f64,
     /// What the server did with a timed-out request.
     pub timeout_kind: TimeoutKind,
     /// Share of the timed-out requests that reached the server which it
@@ -372,6 +419,7 @@ impl FaultProfile {
         delayed_visibility: 0.0,
         partial_success: 0.0,
         conflict: 0.0,
+        partial_ok: 0.0,
         timeout_kind: TimeoutKind::AfterDispatch,
         late_arrival: 0.5,
         late_delay: Pareto::new(Duration::from_millis(100), 1.0, None),
@@ -381,6 +429,12 @@ impl FaultProfile {
         lag_tail: 0.1,
         lag_tail_time: Pareto::new(Duration::from_secs(1), 1.5, Some(Duration::from_secs(5))),
     };
+
+    /// Sets the probability of a partial OK (see [`partial_ok`](Self::partial_ok)).
+    pub const fn with_partial_ok(mut self, p: f64) -> Self {
+        self.partial_ok = p;
+        self
+    }
 
     /// Sets what a timed-out request did on the server.
     pub const fn with_timeout_kind(mut self, kind: TimeoutKind) -> Self {
@@ -476,6 +530,8 @@ impl FaultProfile {
         let late_u = rng.next_f64();
         let tail = rng.chance(self.lag_tail);
         let tail_u = rng.next_f64();
+        // Appended after the eleven above (issue 20).
+        let partial_ok = rng.chance(self.partial_ok);
         let timeout = timeout.then_some(match (reached, late) {
             (false, _) => Timeout::BeforeApplying,
             (true, false) => Timeout::AfterApplying,
@@ -484,7 +540,8 @@ impl FaultProfile {
         let time = if tail { self.lag_tail_time.at(tail_u) } else { Duration::from_millis(ms) };
         let bound = self.lag_bound();
         let time = bound.map_or(time, |b| time.min(b));
-        FaultDraw { timeout, lag: delayed.then_some(Lag { reads, time, bound }), partial, conflict }
+        let lag = delayed.then_some(Lag { reads, time, bound });
+        FaultDraw { timeout, lag, partial, conflict, partial_ok }
     }
 }
 
@@ -531,6 +588,9 @@ pub struct FaultDraw {
     pub partial: bool,
     /// A concurrent writer bumps the target's version first.
     pub conflict: bool,
+    /// A compound write applies part of its effects and answers as if it
+    /// had applied them all.
+    pub partial_ok: bool,
 }
 
 #[cfg(test)]
@@ -541,9 +601,9 @@ mod tests {
 
     /// Shares of each outcome over `DRAWS` draws of every operation (70,000
     /// draws): timeout, applied at once, late, lost before, lag, partial,
-    /// conflict.
-    fn frequencies(p: &FaultProfile, seed: u64) -> [f64; 7] {
-        let mut c = [0u32; 7];
+    /// conflict, partial OK.
+    fn frequencies(p: &FaultProfile, seed: u64) -> [f64; 8] {
+        let mut c = [0u32; 8];
         for op in Op::ALL {
             for n in 0..DRAWS {
                 let d = p.draw(seed, op, n);
@@ -554,6 +614,7 @@ mod tests {
                 c[4] += u32::from(d.lag.is_some());
                 c[5] += u32::from(d.partial);
                 c[6] += u32::from(d.conflict);
+                c[7] += u32::from(d.partial_ok);
             }
         }
         let total = f64::from(DRAWS) * Op::ALL.len() as f64;
@@ -574,8 +635,9 @@ mod tests {
 
     #[test]
     fn each_mode_occurs_at_its_configured_rate() {
-        for level in FaultLevel::ALL {
-            let p = level.profile();
+        let profiles = FaultLevel::ALL.map(|l| (l, l.profile(), 0.0));
+        let partial_ok = FaultLevel::ALL.map(|l| (l, l.partial_ok_profile(), l.partial_ok_rate()));
+        for (level, p, want_partial_ok) in profiles.into_iter().chain(partial_ok) {
             let f = frequencies(&p, 42);
             // 70,000 draws: a standard error of at most 0.0019; allow ~5 of them.
             let close = |got: f64, want: f64| (got - want).abs() < 0.01;
@@ -588,7 +650,52 @@ mod tests {
             assert!(close(f[4], p.delayed_visibility), "{level} delayed {}", f[4]);
             assert!(close(f[5], p.partial_success), "{level} partial {}", f[5]);
             assert!(close(f[6], p.conflict), "{level} conflict {}", f[6]);
+            assert!(close(f[7], want_partial_ok), "{level} partial OK {}", f[7]);
+            assert_eq!(want_partial_ok == 0.0, f[7] == 0.0, "{level}");
         }
+    }
+
+    #[test]
+    fn partial_ok_rates_are_table_1_s_partial_rates() {
+        let rates = FaultLevel::ALL.map(FaultLevel::partial_ok_rate);
+        assert_eq!(rates, [0.03, 0.10, 0.15, 0.25]);
+        for level in FaultLevel::ALL {
+            let p = level.partial_ok_profile();
+            assert_eq!(p, level.profile().with_partial_ok(level.partial_ok_rate()));
+            assert_eq!(level.profile().partial_ok, 0.0);
+        }
+        assert_eq!(FaultProfile::NONE.partial_ok, 0.0);
+    }
+
+    #[test]
+    fn the_partial_ok_draw_left_every_earlier_fault_where_it_was() {
+        let (mut both, mut partial, mut partial_ok, mut n_all) = (0u32, 0u32, 0u32, 0u32);
+        for level in FaultLevel::ALL {
+            for (old, new) in [
+                (level.profile(), level.partial_ok_profile()),
+                (level.profile().legacy(), level.partial_ok_profile().legacy()),
+            ] {
+                for op in Op::ALL {
+                    for n in 0..2_000 {
+                        let (a, b) = (old.draw(42, op, n), new.draw(42, op, n));
+                        assert!(!a.partial_ok, "{level} {op} {n}");
+                        assert_eq!(FaultDraw { partial_ok: false, ..b }, a, "{level} {op} {n}");
+                        if level == FaultLevel::Extreme {
+                            n_all += 1;
+                            partial += u32::from(b.partial);
+                            partial_ok += u32::from(b.partial_ok);
+                            both += u32::from(b.partial && b.partial_ok);
+                        }
+                    }
+                }
+            }
+        }
+        // Drawn independently of the partial success: both together at the
+        // product of their rates (0.25², 1,750 of 28,000 expected).
+        let share = |k: u32| f64::from(k) / f64::from(n_all);
+        assert!((share(partial) - 0.25).abs() < 0.015, "{}", share(partial));
+        assert!((share(partial_ok) - 0.25).abs() < 0.015, "{}", share(partial_ok));
+        assert!((share(both) - 0.0625).abs() < 0.01, "{}", share(both));
     }
 
     #[test]
@@ -644,6 +751,7 @@ mod tests {
             }),
             partial,
             conflict,
+            partial_ok: false,
         }
     }
 

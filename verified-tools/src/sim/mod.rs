@@ -9,7 +9,10 @@
 //!   or, a *late arrival*, later — possibly after the client's retry;
 //!   the earlier before-or-after split is an option, [`TimeoutKind`]),
 //!   delayed visibility (a replica lag with a bulk and a bounded heavy
-//!   tail), partial success, stale conflict. See [`faults`] for how faults
+//!   tail), partial success, stale conflict; and, off by default, the
+//!   partial OK: a compound write applied in part that answers as if it had
+//!   been applied in full ([`FaultLevel::partial_ok_profile`]), which only
+//!   a verifier read can tell from a success. See [`faults`] for how faults
 //!   are drawn so that every method faces the same ones, and [`world`] for
 //!   what a stale read returns. [`SimConfig::settle_bound`] says what the
 //!   server guarantees a verifier: how long after a deadline an effect can

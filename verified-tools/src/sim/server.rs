@@ -209,10 +209,21 @@ struct KeyEntry {
 
 /// How the current write is to be applied.
 struct Apply {
+    /// Apply part of the effects only.
     partial: bool,
+    /// Answer as if every effect had been applied (a partial OK).
+    claims_full: bool,
     lag: Option<Lag>,
     now: Instant,
     at_ms: u64,
+}
+
+impl Apply {
+    /// The answer to a write that stored `written`: `written` itself, or
+    /// for a partial OK what the full write would have stored (`full`).
+    fn answer<T>(&self, written: T, full: impl FnOnce(T) -> T) -> T {
+        if self.claims_full { full(written) } else { written }
+    }
 }
 
 /// A write request as the server receives it.
@@ -438,8 +449,10 @@ impl SimServer {
         if req.draw.conflict && req.op.is_versioned() && st.bump(req.op, req.target, now) {
             st.faults.conflicts += 1;
         }
+        let compound = req.op.is_compound();
         let a = Apply {
-            partial: req.draw.partial && req.op.is_compound(),
+            partial: (req.draw.partial || req.draw.partial_ok) && compound,
+            claims_full: req.draw.partial_ok && compound,
             lag: req.draw.lag,
             now,
             at_ms: millis_since(self.start, now),
@@ -448,6 +461,7 @@ impl SimServer {
         if let Ok(reply) = &result {
             st.count(effect, a.partial);
             st.faults.partial += u32::from(a.partial);
+            st.faults.partial_ok += u32::from(a.claims_full);
             st.faults.delayed += u32::from(a.lag.is_some());
             if let Some(key) = req.key {
                 st.keys.push(KeyEntry { key, effect, reply: reply.wrap() });
@@ -537,7 +551,9 @@ impl SimServer {
 
     /// Sets the customer's status if it is at `expected_version`; ACTIVE
     /// also sets `activated_at` to now. A partial success sets the status
-    /// without `activated_at` and answers OK.
+    /// without `activated_at` and answers OK with what it wrote; a partial
+    /// OK writes the same and answers with `activated_at` set, as a full
+    /// write would.
     pub async fn set_customer_status(
         &self,
         id: CustomerId,
@@ -557,7 +573,10 @@ impl SimServer {
             };
             let new = Customer { status, activated_at, version: old.version + 1, ..old };
             s.write(new, a.lag, a.now);
-            Ok(new)
+            Ok(a.answer(new, |c| match status {
+                CustomerStatus::Active => Customer { activated_at: Some(a.at_ms), ..c },
+                CustomerStatus::Pending => c,
+            }))
         });
         self.answer(out).await
     }
@@ -582,7 +601,8 @@ impl SimServer {
 
     /// Writes `invoice_id` and `amount` into the row, creating it if needed.
     /// A partial success writes the invoice id but not the amount and
-    /// answers OK.
+    /// answers OK with what it wrote; a partial OK writes the same and
+    /// answers with the amount.
     pub async fn update_invoice_row(
         &self,
         row: RowId,
@@ -593,16 +613,20 @@ impl SimServer {
     ) -> Result<InvoiceRow, SimError> {
         let out = self.write(Op::UpdateInvoiceRow, row.0, key, deadline, move |st, a| {
             let old = find(&mut st.rows, row).and_then(|s| s.current.amount);
-            let amount = if a.partial { old } else { Some(amount) };
+            let full = Some(amount);
+            let amount = if a.partial { old } else { full };
             let r = InvoiceRow { row, invoice_id: Some(invoice_id), amount, version: 0 };
-            Ok(create(&mut st.rows, r, a.lag, a.now))
+            let written = create(&mut st.rows, r, a.lag, a.now);
+            Ok(a.answer(written, |r| InvoiceRow { amount: full, ..r }))
         });
         self.answer(out).await
     }
 
     /// Creates record `id` (status DRAFT) with its required fields. A
-    /// partial success creates it without them and answers OK. Creating an
-    /// existing id creates a duplicate, which replaces it (latest wins).
+    /// partial success creates it without them and answers OK with what it
+    /// created; a partial OK creates the same and answers with the fields.
+    /// Creating an existing id creates a duplicate, which replaces it
+    /// (latest wins).
     pub async fn create_record(
         &self,
         id: RecordId,
@@ -612,10 +636,11 @@ impl SimServer {
         deadline: Option<Deadline>,
     ) -> Result<Record, SimError> {
         let out = self.write(Op::CreateRecord, id.0, key, deadline, move |st, a| {
-            let (invoice_id, amount) =
-                if a.partial { (None, None) } else { (Some(invoice_id), Some(amount)) };
+            let full = (Some(invoice_id), Some(amount));
+            let (invoice_id, amount) = if a.partial { (None, None) } else { full };
             let r = Record { id, status: RecordStatus::Draft, invoice_id, amount, version: 0 };
-            Ok(create(&mut st.records, r, a.lag, a.now))
+            let written = create(&mut st.records, r, a.lag, a.now);
+            Ok(a.answer(written, |r| Record { invoice_id: full.0, amount: full.1, ..r }))
         });
         self.answer(out).await
     }
@@ -647,7 +672,8 @@ impl SimServer {
     /// A keyed, compound, versioned write with the same faults as the
     /// others, drawn from a stream of its own ([`Op::UpdateRecordFields`]):
     /// a stale conflict rejects it, a partial success writes the invoice id
-    /// but not the amount (keeping the old one) and answers OK, a lag hides
+    /// but not the amount (keeping the old one) and answers OK (a partial OK:
+    /// with the amount, as if written), a lag hides
     /// it from reads, a timeout loses the answer before or after applying.
     /// Status is untouched. In the [ground truth](super::GroundTruth) it is
     /// an update: filling in a partial record is not a duplicate (the
@@ -682,11 +708,12 @@ impl SimServer {
             let s = find(&mut st.records, id).ok_or(SimError::NotFound)?;
             let old = s.current;
             check_version(expected_version, old.version)?;
-            let amount = if a.partial { old.amount } else { Some(amount) };
+            let full = Some(amount);
+            let amount = if a.partial { old.amount } else { full };
             let new =
                 Record { invoice_id: Some(invoice_id), amount, version: old.version + 1, ..old };
             s.write(new, a.lag, a.now);
-            Ok(new)
+            Ok(a.answer(new, |r| Record { amount: full, ..r }))
         });
         self.answer(out).await
     }

@@ -74,8 +74,12 @@ pub struct FaultCounts {
     pub dropped_past_deadline: u32,
     /// Writes applied with a visibility lag.
     pub delayed: u32,
-    /// Compound writes applied partially.
+    /// Compound writes applied partially (partial successes and partial
+    /// OKs).
     pub partial: u32,
+    /// Of those, the partial OKs: applied in part, answered as if applied
+    /// in full (the answer may still have been lost to a timeout).
+    pub partial_ok: u32,
     /// Versioned writes whose target a concurrent writer bumped first.
     pub conflicts: u32,
 }
