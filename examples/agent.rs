@@ -7,6 +7,8 @@
 //! cargo run --release --example agent -- --detail --json out.json
 //! cargo run --release --example agent --features redis -- --episodes 20 --ledger redis://127.0.0.1:6379/
 //! cargo run --release --example agent -- --legacy-faults    # the earlier simulator
+//! cargo run --release --example agent -- --faults partial-ok # + partial writes that answer as if complete
+//! cargo run --release --example agent -- --faults partial-ok --believe-ok   # the control: OK answers believed
 //! cargo run --release --example agent -- --planner openai --base-url http://localhost:11434/v1 \
 //!     --model qwen2.5:7b-instruct --levels medium       # a model plans, over the tool set
 //! ```
@@ -20,7 +22,7 @@ use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use verified_tools::sim::{FaultLevel, TaskKind};
-use verified_tools_suite::experiment::{self, Config, LedgerChoice, Method};
+use verified_tools_suite::experiment::{self, Config, FaultModel, LedgerChoice, Method};
 use verified_tools_suite::report;
 
 const METHODS: [&str; 8] = [
@@ -35,6 +37,7 @@ const METHODS: [&str; 8] = [
 ];
 const LEVELS: [&str; 4] = ["low", "medium", "high", "extreme"];
 const TASKS: [&str; 2] = ["activate_customer", "record_invoice"];
+const FAULTS: [&str; 2] = ["table1", "partial-ok"];
 
 /// A comma-separated list of known names, parsed into `T`.
 fn names<T>(known: &'static [&'static str]) -> impl TypedValueParser<Value = T>
@@ -99,6 +102,17 @@ struct Args {
     /// heavy lag tail (the earlier grid's faults, with today's agent).
     #[arg(long)]
     legacy_faults: bool,
+    /// Which faults: `table1` (Table 1's four; a partial success answers OK
+    /// with what it wrote) or `partial-ok` (those, plus compound writes
+    /// applied in part that answer as if applied in full, independently at
+    /// the level's partial rate: 3/10/15/25%).
+    #[arg(long, default_value = "table1", value_parser = names::<FaultModel>(&FAULTS))]
+    faults: FaultModel,
+    /// Believe OK answers: every tool's `verify_response` off (the control).
+    /// By default each tool keeps its class's: the writes here are `high`,
+    /// so each verifies an OK answer before it reports success.
+    #[arg(long)]
+    believe_ok: bool,
     /// Who plans: `scripted` (the experiment's deterministic planner) or
     /// `openai` (a model behind an OpenAI-compatible chat-completions API:
     /// Ollama, vLLM, llama.cpp; `OPENAI_API_KEY` is sent if set).
@@ -131,6 +145,8 @@ fn main() -> ExitCode {
         config.threads = usize::try_from(threads).unwrap_or(usize::MAX);
     }
     config.settings.legacy_faults = args.legacy_faults;
+    config.settings.faults = args.faults;
+    config.settings.believe_ok = args.believe_ok;
 
     let bar = ProgressBar::new(config.total_episodes());
     if std::io::stderr().is_terminal() {
@@ -158,12 +174,16 @@ fn main() -> ExitCode {
         print!("{}", report::summary(&results));
     }
     println!(
-        "{} episodes ({} per cell, seeds {}..) in {:.2} s on {} threads; calls recorded in {}.",
+        "{} episodes ({} per cell, seeds {}..) in {:.2} s on {} threads; faults {}{}, OK answers \
+         {}; calls recorded in {}.",
         config.total_episodes(),
         config.episodes,
         config.seed,
         started.elapsed().as_secs_f64(),
         config.threads,
+        config.settings.faults,
+        if config.settings.legacy_faults { " (legacy timeouts)" } else { "" },
+        if config.settings.believe_ok { "believed" } else { "verified (class default)" },
         match &config.ledger {
             LedgerChoice::Memory => "memory".to_owned(),
             LedgerChoice::Sqlite(path) => path.display().to_string(),
@@ -206,6 +226,16 @@ fn llm_main(args: &Args) -> ExitCode {
         eprintln!("error: `--planner openai` needs `--model NAME`");
         return ExitCode::FAILURE;
     };
+    if args.believe_ok {
+        // The model's tool set runs under the library's default policies.
+        eprintln!("error: `--believe-ok` is for the scripted planner's grid");
+        return ExitCode::FAILURE;
+    }
+    let settings = experiment::Settings {
+        faults: args.faults,
+        legacy_faults: args.legacy_faults,
+        ..experiment::Settings::default()
+    };
     let mut config = LlmConfig::new(&args.base_url, model);
     if let Ok(key) = std::env::var("OPENAI_API_KEY") {
         config = config.with_api_key(key);
@@ -222,7 +252,7 @@ fn llm_main(args: &Args) -> ExitCode {
         for &level in &args.levels {
             for i in 0..args.episodes.unwrap_or(1) {
                 let seed = episode_seed(args.seed, i);
-                let sim = SimConfig::new(seed, level.profile());
+                let sim = SimConfig::new(seed, settings.profile(level));
                 match runtime.block_on(run_episode(&config, task.instance(seed), sim)) {
                     Ok(episode) => {
                         println!("{task} {level} seed {seed}: {episode}");

@@ -47,8 +47,8 @@ pub enum Method {
     /// The paper's baseline: blind retry (budget 1), no verification, no
     /// idempotency key sent.
     RetryOnly,
-    /// Verify after an ambiguous failure or a compound write, never retry
-    /// (and never re-plan: "reports failure without retrying").
+    /// Verify after an ambiguous failure or an OK answer, never retry (and
+    /// never re-plan: "reports failure without retrying").
     VerifyOnly,
     /// Verify before any retry, keys sent to a server that honours keys and
     /// deadlines.
@@ -171,6 +171,59 @@ impl FromStr for Method {
     }
 }
 
+/// Which faults the simulator draws: Table 1's, or Table 1's plus partial
+/// OKs (compound writes applied in part that answer as if applied in full,
+/// [`FaultLevel::partial_ok_profile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FaultModel {
+    /// Table 1's four faults ([`FaultLevel::profile`]): a partial success
+    /// answers OK with what it wrote.
+    #[default]
+    Table1,
+    /// Table 1's four faults and, independently and at the level's partial
+    /// rate, the partial OK ([`FaultLevel::partial_ok_profile`]). Every
+    /// Table 1 fault of every seed is where it was.
+    PartialOk,
+}
+
+impl FaultModel {
+    /// Both models, the default first.
+    pub const ALL: [FaultModel; 2] = [FaultModel::Table1, FaultModel::PartialOk];
+
+    /// The name, as printed and parsed.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FaultModel::Table1 => "table1",
+            FaultModel::PartialOk => "partial-ok",
+        }
+    }
+
+    /// The profile of a level under this model.
+    pub const fn profile(self, level: FaultLevel) -> FaultProfile {
+        match self {
+            FaultModel::Table1 => level.profile(),
+            FaultModel::PartialOk => level.partial_ok_profile(),
+        }
+    }
+}
+
+impl fmt::Display for FaultModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FaultModel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FaultModel::ALL
+            .into_iter()
+            .find(|m| m.name() == s.trim())
+            .ok_or_else(|| format!("unknown fault model {s:?}: expected table1 or partial-ok"))
+    }
+}
+
 /// Knobs shared by every method, so they compare on equal terms.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
@@ -198,6 +251,13 @@ pub struct Settings {
     /// Run the simulator as it was before late arrivals and the lag tail
     /// ([`FaultProfile::legacy`]): timeouts split before/after applying.
     pub legacy_faults: bool,
+    /// Which faults are drawn: Table 1's, or Table 1's plus partial OKs.
+    pub faults: FaultModel,
+    /// Believe every OK answer: `verify_response` off for every tool (the
+    /// control). Off (the default), every tool keeps its class default:
+    /// the experiment's writes are all `high`, so each verifies an OK
+    /// answer with one read before it reports `Success`.
+    pub believe_ok: bool,
 }
 
 impl Default for Settings {
@@ -210,6 +270,8 @@ impl Default for Settings {
             reissues: 1,
             reissue_after: Duration::from_secs(30),
             legacy_faults: false,
+            faults: FaultModel::Table1,
+            believe_ok: false,
         }
     }
 }
@@ -217,7 +279,7 @@ impl Default for Settings {
 impl Settings {
     /// The fault profile of a level under these settings.
     pub fn profile(&self, level: FaultLevel) -> FaultProfile {
-        let profile = level.profile();
+        let profile = self.faults.profile(level);
         if self.legacy_faults { profile.legacy() } else { profile }
     }
 }
@@ -304,9 +366,11 @@ pub async fn episode_traced(spec: &EpisodeSpec, shared: Option<&Shared>) -> (Epi
     let cx = Context::new(agent)
         .with_mode(method.mode())
         .map_policies(|_, p| {
+            let verify_response = p.verify_response && !settings.believe_ok;
             p.with_verify(settings.verify)
                 .with_attempt_timeout(Some(settings.attempt_timeout))
                 .with_settle(settle)
+                .with_verify_response(verify_response)
         })
         .with_clock(Arc::new(TokioClock::starting_at(0)));
     let cx = match shared {

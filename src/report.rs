@@ -251,6 +251,8 @@ pub fn json(results: &Results) -> Value {
             "levels": c.levels.iter().map(|l| name(l)).collect::<Vec<_>>(),
             "methods": c.methods.iter().map(|m| name(m)).collect::<Vec<_>>(),
             "legacy_faults": c.settings.legacy_faults,
+            "faults": c.settings.faults.name(),
+            "believe_ok": c.settings.believe_ok,
         },
         "cells": cells,
     })

@@ -3,11 +3,17 @@
 //!
 //! Every write has a read-only verifier that checks the action's **full**
 //! postcondition (section 4.3), never mere existence: a partial success that
-//! answered OK must read as [`Verdict::Absent`]. The compound writes
-//! (`set_customer_status`, `update_invoice_row`, `create_record`) also verify
-//! after an OK answer (`verify_response = true`), because their partial
-//! success answers OK; so does `update_record_fields`, the repair of a
-//! partial `create_record`.
+//! answered OK must read as [`Verdict::Absent`]. Every write is `high`, so
+//! it also verifies an OK answer before it reports success (the class
+//! default, [`RetryPolicy::verify_response`](verified_tools::RetryPolicy::verify_response)):
+//! the compound ones (`set_customer_status`, `update_invoice_row`,
+//! `create_record`, and `update_record_fields`, the repair of a partial
+//! `create_record`) may answer OK having applied only part of the write,
+//! with data that looks complete (the simulator's partial OK). None sets
+//! `verify_response` itself, so that the experiment's control
+//! ([`Settings::believe_ok`](crate::experiment::Settings::believe_ok)) can
+//! turn it off through the context's policies: an attribute would override
+//! them.
 //!
 //! Every write forwards its idempotency key (unless the client was built
 //! not to, as the paper's baseline) and its attempt's [`Deadline`] to the
@@ -126,7 +132,6 @@ async fn customer_exists(
     side_effect = "high",
     verify = customer_active,
     skip(client),
-    verify_response = true,
     schema = true,
     params(customer = "The customer's id.", expected_version = "The customer's current `version`, as last read or returned: the write is refused if it changed.")
 )]
@@ -202,7 +207,6 @@ async fn exactly_one_welcome(
     side_effect = "high",
     verify = row_written,
     skip(client),
-    verify_response = true,
     schema = true,
     params(row = "The invoice row's id.", invoice_id = "The invoice number.", amount = "The amount in cents.")
 )]
@@ -238,7 +242,6 @@ async fn row_written(
     verify = record_created,
     skip(client),
     key(record),
-    verify_response = true,
     schema = true,
     params(record = "The record's id.", invoice_id = "The invoice number.", amount = "The amount in cents.")
 )]
@@ -274,7 +277,6 @@ async fn record_created(
     side_effect = "high",
     verify = record_fields_filled,
     skip(client),
-    verify_response = true,
     schema = true,
     params(record = "The record's id.", invoice_id = "The invoice number.", amount = "The amount in cents.", expected_version = "The record's current `version`, as last read or returned: the write is refused if it changed.")
 )]

@@ -1,18 +1,27 @@
 //! The experiment, end to end: determinism across thread counts and runs,
 //! the guarantees of verify-before-retry (and where they stop: servers that
 //! ignore keys and deadlines), the baseline's growth of duplicates under the
-//! paper's timeouts, the JSON's fixed fields, and single episodes whose
-//! counts are computed by hand.
+//! paper's timeouts, the JSON's fixed fields, single episodes whose counts
+//! are computed by hand, and what a verified OK answer buys where partial
+//! writes answer as if complete.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use verified_tools::UnknownReason;
-use verified_tools::sim::{FaultLevel, FaultProfile, Op, TaskKind, Timeout};
-use verified_tools_suite::agent::{Outcome, ToolCall};
+use verified_tools::sim::{
+    FaultLevel, FaultProfile, InvoiceId, Op, Record, RecordId, SimConfig, SimError, SimServer,
+    Task, TaskKind, Timeout,
+};
+use verified_tools::{
+    Context, Deadline, IdempotencyKey, TokioClock, ToolResult, UnknownReason, Verdict,
+    verified_tool,
+};
+use verified_tools_suite::agent::{self, Outcome, ToolCall};
 use verified_tools_suite::experiment::{
-    self, Config, Episode, EpisodeSpec, LedgerChoice, Method, Results, Settings,
+    self, Config, Episode, EpisodeSpec, FaultModel, LedgerChoice, Method, Results, Settings,
 };
 use verified_tools_suite::report;
+use verified_tools_suite::tools::SimClient;
 
 fn grid(episodes: u64, methods: &[Method], threads: usize) -> Results {
     let config = Config { episodes, methods: methods.to_vec(), threads, ..Config::default() };
@@ -334,12 +343,13 @@ fn hand_computed_repair_of_a_partial_record() {
     // read_record: the record without fields, version 1 (1 call, 0 reads);
     // fill at version 1, a new call and key: OK, the first read Holds:
     //   1 dispatch, 1 read; the record is at version 2;
-    // recorded at version 2: not compound, OK believed: 1 dispatch.
-    // Total 5 calls, 1 + 7 + 1 = 9 reads, 5000 ms; one creation (partial)
-    // and one full fill: no duplicate; the postcondition holds.
+    // recorded at version 2: OK, verified like every high tool's OK (the
+    //   class default): the first read Holds. 1 dispatch, 1 read.
+    // Total 5 calls, 1 + 7 + 1 + 1 = 10 reads, 5000 ms; one creation
+    // (partial) and one full fill: no duplicate; the postcondition holds.
     assert_eq!(trace, ["row", "create", "read", "fill", "recorded"]);
     assert_eq!((e.success, e.claimed, e.duplicate), (true, true, false));
-    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (5, 9, 5000));
+    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (5, 10, 5000));
 
     // The baseline on the same draws believes every OK: 3 calls, no reads,
     // 0 ms, and claims a success the record (no fields) does not have.
@@ -357,12 +367,12 @@ fn hand_computed_partial_repair_is_repaired_again_within_the_budget() {
     // row 1 call, 1 read; create 1 call, 7 reads, 5000 ms → re-plan 1: read
     // (1 call) → fill at v1: OK but partial, 7 reads Absent, 5000 ms →
     // re-plan 2: read (1 call) sees the invoice id at v2 → fill at v2: OK,
-    // 1 read Holds (v3) → recorded at v3, 1 call. Total 7 calls,
-    // 1 + 7 + 7 + 1 = 16 reads, 10000 ms. The fill applied twice, once in
-    // full: no duplicate.
+    // 1 read Holds (v3) → recorded at v3, 1 call, 1 read Holds. Total 7
+    // calls, 1 + 7 + 7 + 1 + 1 = 17 reads, 10000 ms. The fill applied
+    // twice, once in full: no duplicate.
     assert_eq!(trace, ["row", "create", "read", "fill", "read", "fill", "recorded"]);
     assert_eq!((e.success, e.claimed, e.duplicate), (true, true, false));
-    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (7, 16, 10_000));
+    assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (7, 17, 10_000));
 
     // With one re-plan per step the second partial ends the episode: row,
     // create, read, fill; then the agent reports failure, honestly.
@@ -415,9 +425,10 @@ fn hand_computed_a_late_creation_against_each_server() {
     // attempt (deadline 1 s) times out at 1 s; 100..=200 ms of backoff; 6
     // reads 400 ms apart say Absent before the settle point (1 s + 5 s);
     // the engine waits for it, reads Absent once more and believes it: the
-    // retry, under the same key, goes out at 6000 ms and is answered. Then
-    // set_customer_status (OK, its first read Holds) and send_welcome (OK).
-    // 4 dispatches, 7 + 1 reads, 6000 ms, success claimed.
+    // retry, under the same key, goes out at 6000 ms and is answered OK,
+    // and its first read Holds. Then set_customer_status and send_welcome:
+    // OK, and each first read Holds (every high tool verifies an OK).
+    // 4 dispatches, 7 + 1 + 1 + 1 reads, 6000 ms, success claimed.
     for method in [
         Method::VerifyBeforeRetry,
         Method::VbrNoDeadlines,
@@ -425,7 +436,7 @@ fn hand_computed_a_late_creation_against_each_server() {
         Method::VbrNeither,
     ] {
         let (e, report) = run(method);
-        assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (4, 8, 6_000), "{method}");
+        assert_eq!((e.tool_calls, e.verifier_calls, e.virtual_ms), (4, 10, 6_000), "{method}");
         assert!(e.claimed && !e.in_doubt, "{method}");
         assert_eq!(report.trace[0].outcome, {
             let Outcome::Success(v) = report.trace[0].outcome else { panic!("{method}") };
@@ -443,8 +454,9 @@ fn hand_computed_a_late_creation_against_each_server() {
     // reads are never believed, the call ends Unknown (Unsettled) after its
     // 6 reads; the planner re-issues the same call (same key) 30 s later;
     // the engine verifies first: the late creation has landed (no lag
-    // drawn), Holds, nothing sent again. 3 dispatches, 6 + 1 + 1 reads,
-    // 1000 + backoff + 2000 + 30000 ms.
+    // drawn), Holds, nothing sent again; then the two OKs, each confirmed
+    // by its first read. 3 dispatches, 6 + 1 + 1 + 1 reads, 1000 + backoff
+    // + 2000 + 30000 ms.
     let (e, report) = run(Method::VbrNeitherUnsettled);
     let first = &report.trace[0];
     assert_eq!(first.outcome, Outcome::Unknown(UnknownReason::Unsettled));
@@ -453,8 +465,218 @@ fn hand_computed_a_late_creation_against_each_server() {
     assert!(matches!(again.outcome, Outcome::Success(_)));
     assert_eq!(report.trace.len(), 4);
     assert_eq!((e.success, e.claimed, e.duplicate, e.in_doubt), (true, true, false, false));
-    assert_eq!((e.tool_calls, e.verifier_calls), (3, 8));
+    assert_eq!((e.tool_calls, e.verifier_calls), (3, 9));
     assert!((33_100..=33_200).contains(&e.virtual_ms), "{e:?}");
+}
+
+// ------------------------------------------------ partial OKs (issue 20)
+
+/// A context with the library's default policies, on tokio's clock.
+fn default_context() -> Context {
+    Context::new("agent").with_clock(Arc::new(TokioClock::starting_at(0)))
+}
+
+/// Each compound write of the experiment's tools, called once through
+/// `agent::act` with a context from `cx`, against a server whose every
+/// compound write is a partial OK (its target created first where it needs
+/// one, without faults: creating a customer is not compound); with whether
+/// the write's own postcondition holds afterwards on the ground truth.
+fn compound_writes_under_partial_oks(cx: impl Fn() -> Context) -> Vec<(ToolCall, Outcome, bool)> {
+    let Task::ActivateCustomer(a) = TaskKind::ActivateCustomer.instance(42) else { unreachable!() };
+    let Task::RecordInvoice(r) = TaskKind::RecordInvoice.instance(42) else { unreachable!() };
+    experiment::paused_runtime().block_on(async {
+        let mut out = Vec::new();
+        for n in 0..4 {
+            let cfg = SimConfig::new(42, FaultProfile::NONE.with_partial_ok(1.0));
+            let (server, oracle) = SimServer::new(cfg);
+            let call = match n {
+                0 => {
+                    let c = server.create_customer(a.customer, None, None).await.unwrap();
+                    ToolCall::SetCustomerStatus(a, c.version)
+                }
+                1 => ToolCall::UpdateInvoiceRow(r),
+                2 => ToolCall::CreateRecord(r),
+                _ => {
+                    let created =
+                        server.create_record(r.record, r.invoice_id, r.amount, None, None);
+                    ToolCall::UpdateRecordFields(r, created.await.unwrap().version)
+                }
+            };
+            let client = SimClient::new(server, true);
+            let outcome = agent::act(&cx().for_step("run", n), &client, call).await;
+            let truth = oracle.truth();
+            let holds = match call {
+                ToolCall::SetCustomerStatus(..) => {
+                    truth.customer(a.customer).is_some_and(|c| c.activated_at.is_some())
+                }
+                ToolCall::UpdateInvoiceRow(_) => {
+                    truth.invoice_row(r.row).is_some_and(|row| row.amount == Some(r.amount))
+                }
+                _ => truth.record(r.record).is_some_and(|rec| rec.amount == Some(r.amount)),
+            };
+            out.push((call, outcome, holds));
+        }
+        out
+    })
+}
+
+#[test]
+fn a_high_tool_never_reports_a_partial_ok_as_success_by_default() {
+    // The library's default policies: a high tool verifies an OK answer.
+    // The verifier reads the missing field (Absent, 3 reads 250 ms apart);
+    // with no settle margin (the default) an Absent after an OK is never
+    // believed either: the call ends Unknown (Unsettled), not Success.
+    for (call, outcome, holds) in compound_writes_under_partial_oks(default_context) {
+        assert!(!holds, "{call:?}: a partial write");
+        assert_eq!(outcome, Outcome::Unknown(UnknownReason::Unsettled), "{call:?}");
+    }
+    // With a settle margin (the experiment's 5 s), the Absent read after it
+    // is believed: NotApplied, so the planner may repair it as a new call.
+    let settled = || {
+        let margin = Some(Duration::from_secs(5));
+        default_context().map_policies(move |_, p| p.with_settle(margin))
+    };
+    for (call, outcome, holds) in compound_writes_under_partial_oks(settled) {
+        assert!(!holds, "{call:?}");
+        assert_eq!(outcome, Outcome::NotApplied { conflict: false }, "{call:?}");
+    }
+    // The control: `verify_response` off, the OK answer is believed, and
+    // every partial write is reported a success.
+    let believing = || default_context().map_policies(|_, p| p.with_verify_response(false));
+    for (call, outcome, holds) in compound_writes_under_partial_oks(believing) {
+        assert!(!holds, "{call:?}");
+        assert!(matches!(outcome, Outcome::Success(_)), "{call:?}: {outcome:?}");
+    }
+}
+
+/// `create_record` as `src/tools.rs` writes it, with its class default.
+#[verified_tool(side_effect = "high", verify = record_filled, skip(server), key(record))]
+async fn create_record(
+    server: &SimServer,
+    record: RecordId,
+    invoice_id: InvoiceId,
+    amount: u64,
+    key: IdempotencyKey,
+    deadline: Deadline,
+) -> Result<Record, SimError> {
+    server.create_record(record, invoice_id, amount, Some(key), Some(deadline)).await
+}
+
+/// The same tool, opted out: `verify_response = false`.
+#[verified_tool(
+    side_effect = "high",
+    verify = record_filled,
+    skip(server),
+    key(record),
+    verify_response = false
+)]
+async fn create_record_believing_ok(
+    server: &SimServer,
+    record: RecordId,
+    invoice_id: InvoiceId,
+    amount: u64,
+    key: IdempotencyKey,
+    deadline: Deadline,
+) -> Result<Record, SimError> {
+    server.create_record(record, invoice_id, amount, Some(key), Some(deadline)).await
+}
+
+async fn record_filled(
+    server: &SimServer,
+    record: &RecordId,
+    invoice_id: &InvoiceId,
+    amount: &u64,
+) -> Result<Verdict<Record>, SimError> {
+    let seen = server.get_record(*record).await?;
+    Ok(seen.filter(|r| r.invoice_id == Some(*invoice_id) && r.amount == Some(*amount)).into())
+}
+
+#[test]
+fn the_attribute_s_verify_response_false_is_the_opt_out() {
+    experiment::paused_runtime().block_on(async {
+        let (id, invoice, amount) = (RecordId(5), InvoiceId(77), 990);
+        let partial_oks = FaultProfile::NONE.with_partial_ok(1.0);
+        // The class default: the OK answer is read back, and is not believed.
+        let (server, oracle) = SimServer::new(SimConfig::new(42, partial_oks));
+        let r = create_record(&default_context(), &server, id, invoice, amount).await;
+        assert!(matches!(r, ToolResult::Unknown { reason: UnknownReason::Unsettled, .. }), "{r:?}");
+        assert_eq!(oracle.truth().record(id).map(|r| r.amount), Some(None));
+        // Opted out: the same partial OK is a Success whose value says the
+        // fields were written, and the ground truth says they were not.
+        let (server, oracle) = SimServer::new(SimConfig::new(42, partial_oks));
+        let r = create_record_believing_ok(&default_context(), &server, id, invoice, amount).await;
+        let ToolResult::Success { value, .. } = r else { panic!("{r:?}") };
+        assert_eq!((value.invoice_id, value.amount), (Some(invoice), Some(amount)));
+        assert_eq!(oracle.truth().record(id).map(|r| r.amount), Some(None));
+    });
+}
+
+#[test]
+fn verified_ok_answers_keep_every_success_true_where_partial_writes_answer_ok() {
+    let methods = [
+        Method::VerifyOnly,
+        Method::VerifyBeforeRetry,
+        Method::VbrNoDeadlines,
+        Method::VbrNoServerKeys,
+        Method::VbrNeitherUnsettled,
+    ];
+    let run = |faults, believe_ok| {
+        let mut config = Config {
+            episodes: 300,
+            levels: vec![FaultLevel::Medium, FaultLevel::Extreme],
+            methods: methods.to_vec(),
+            threads: 2,
+            ..Config::default()
+        };
+        config.settings.faults = faults;
+        config.settings.believe_ok = believe_ok;
+        experiment::run(&config, &|_| {}).expect("the in-memory ledger opens")
+    };
+    for faults in FaultModel::ALL {
+        // Every OK answer verified (the tools' class default): on every
+        // server that keeps its deadlines or is given no margin, no success
+        // is claimed that the ground truth denies.
+        let verified = run(faults, false);
+        for cell in &verified.cells {
+            let (s, at) =
+                (cell.stats, format!("{faults} {} {} {}", cell.task, cell.level, cell.method));
+            assert_eq!((s.false_successes, s.claimed), (0, s.successes), "{at}");
+        }
+        // The control: OK answers believed. Both worlds' partial writes
+        // answer OK (Table 1's with what they wrote, the partial OKs as if
+        // complete), and every cell claims successes that did not happen.
+        let believed = run(faults, true);
+        for cell in &believed.cells {
+            let (s, at) =
+                (cell.stats, format!("{faults} {} {} {}", cell.task, cell.level, cell.method));
+            assert!(s.false_successes >= 10, "{at}: {}", s.false_successes);
+        }
+    }
+}
+
+#[test]
+fn the_partial_ok_world_adds_faults_and_moves_none() {
+    // The same seeds: the baseline (which verifies nothing) meets every
+    // Table 1 fault where it was, so its duplicates and doubt do not drop,
+    // and the added partial writes can only make it claim more falsely.
+    let mut config =
+        Config { episodes: 300, methods: vec![Method::RetryOnly], threads: 2, ..Config::default() };
+    let table1 = experiment::run(&config, &|_| {}).expect("opens");
+    config.settings.faults = FaultModel::PartialOk;
+    let partial_ok = experiment::run(&config, &|_| {}).expect("opens");
+    for (a, b) in table1.cells.iter().zip(&partial_ok.cells) {
+        let at = format!("{} {}", a.task, a.level);
+        assert_eq!(a.stats.in_doubt, b.stats.in_doubt, "{at}");
+        assert!(b.stats.false_successes >= a.stats.false_successes, "{at}");
+        assert!(b.stats.successes <= a.stats.successes, "{at}");
+    }
+    let doc = report::json(&partial_ok);
+    assert_eq!(
+        (doc["config"]["faults"].as_str(), doc["config"]["believe_ok"].as_bool()),
+        (Some("partial-ok"), Some(false))
+    );
+    assert_eq!("partial-ok".parse::<FaultModel>(), Ok(FaultModel::PartialOk));
+    assert!("partial_ok".parse::<FaultModel>().is_err());
 }
 
 #[test]

@@ -104,7 +104,10 @@
 //!
 //! The verifier must check the action's whole postcondition (not mere
 //! existence) and read state that is current once the settle margin has
-//! passed. Then, whatever the failures:
+//! passed. An `Ok` answer is not the effect: a compound write applied in
+//! part may answer OK, with data that looks complete, so a `high` or
+//! `irreversible` tool reads its verifier after an `Ok` answer too, by
+//! default ([`RetryPolicy::verify_response`]). Then, whatever the failures:
 //!
 //! | the service | duplicate effects | a `Success` that did not happen |
 //! |---|---|---|
@@ -114,8 +117,15 @@
 //! | honours neither | when a request lands later than its deadline + settle margin | never |
 //! | any, with no settle margin set (the default) | none from retries: `Absent` is never believed after an ambiguous failure, and such a call ends `Unknown` | never |
 //!
+//! "Never" holds for a tool that verifies its `Ok` answers. One that
+//! believes them — a `none` or `low` tool, or any tool with
+//! `verify_response = false` — reports `Success` for whatever answered OK,
+//! a partial write included.
+//!
 //! Measured on the bundled simulator and written out with the commands in the
-//! repository's `EXPERIMENT.md`; the boundary cases are tests
+//! repository's `EXPERIMENT.md`, with `Ok` answers verified and believed
+//! (`--believe-ok`), and with partial writes that answer as if complete
+//! (`--faults partial-ok`); the boundary cases are tests
 //! (`verified-tools/tests/timing.rs`).
 //!
 //! # Where calls are recorded
