@@ -105,8 +105,15 @@ async fn rmcp_client_lists_calls_and_replays() {
             hints.idempotent_hint,
             hints.open_world_hint
         ),
-        (Some(false), Some(false), Some(true), Some(true))
+        // MCP's definitions: destructive unless the tool says its effect
+        // only adds (the simulator's tools say nothing of their effect kind
+        // yet), idempotent since it declares its effect identity.
+        (Some(false), Some(true), Some(true), Some(true))
     );
+    let status = tools[1].annotations.as_ref().expect("annotations");
+    // No effect identity and no effect kind: a repeat under a new id is a
+    // new effect.
+    assert_eq!((status.destructive_hint, status.idempotent_hint), (Some(true), Some(false)));
     let read = tools[3].annotations.as_ref().expect("annotations");
     assert_eq!((read.read_only_hint, read.destructive_hint), (Some(true), None));
     let output = create.output_schema.as_ref().expect("Customer has a schema");
@@ -288,11 +295,16 @@ fn http_server(server: &std::path::Path, args: &[&str]) -> (Child, String) {
             .spawn()
             .expect("the server starts"),
     );
-    // "mcp_server: 9 tools over streamable HTTP at http://127.0.0.1:PORT/mcp (..)"
+    // "mcp_server: 10 tools over streamable HTTP at http://127.0.0.1:PORT/mcp (..)"
     let stderr = child.0.stderr.take().expect("piped");
     let mut stderr = std::io::BufReader::new(stderr);
+    // Lines before it say how the server authenticates.
     let mut line = String::new();
-    stderr.read_line(&mut line).expect("the server's first line");
+    while !line.contains("http://") {
+        line.clear();
+        let read = stderr.read_line(&mut line).expect("the server's stderr");
+        assert!(read > 0, "the server ended before it gave its URL");
+    }
     // The rest is drained, so that the server never writes to a closed pipe.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let url = line

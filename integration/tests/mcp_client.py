@@ -36,6 +36,10 @@ TOOLS = [
     "check_call",
 ]
 
+# The tools that declare their effect identity (`key(..)`): a repeat under
+# any id is the same action.
+KEYED = {"create_customer", "send_welcome", "create_record"}
+
 
 def check(condition, what):
     if not condition:
@@ -79,10 +83,17 @@ async def run(args):
             status = tools["set_customer_status"]["inputSchema"]
             check(status["required"] == ["customer", "expected_version"], f"set_customer_status: {status}")
             check("version" in status["properties"]["expected_version"]["description"], "described")
-            check(create["annotations"] == {
-                "readOnlyHint": False, "destructiveHint": False,
-                "idempotentHint": True, "openWorldHint": True,
-            }, f"annotations: {create['annotations']}")
+            # MCP's definitions: destructive unless the tool says its effect
+            # only adds (the simulator's tools say nothing of their effect
+            # kind yet), idempotent when it declares its effect identity.
+            for name, tool in tools.items():
+                if name in ("read_customer", "read_record", "check_call"):
+                    continue
+                expected = {
+                    "readOnlyHint": False, "destructiveHint": True,
+                    "idempotentHint": name in KEYED, "openWorldHint": True,
+                }
+                check(tool["annotations"] == expected, f"{name} annotations: {tool['annotations']}")
             check(tools["read_customer"]["annotations"] == {"readOnlyHint": True, "openWorldHint": True},
                   f"read annotations: {tools['read_customer']['annotations']}")
             output = create["outputSchema"]

@@ -183,7 +183,7 @@ pub use key::{IdempotencyKey, KeyError, KeyScope, ParseKeyError, PayloadDigest};
 pub use policy::{Backoff, Mode, RetryPolicy, VerifyBudget};
 pub use result::{ArgsError, CallError, Cause, Proof, ToolResult, UnknownReason};
 pub use side_effect::{ParseSideEffectError, SideEffect};
-pub use spec::{Param, ToolSpec};
+pub use spec::{EffectKind, Param, ToolSpec};
 pub use verdict::{IntoVerdict, Verdict};
 #[doc = include_str!("attribute.md")]
 pub use verified_tools_macros::verified_tool;

@@ -36,6 +36,11 @@ pub struct ToolSpec {
     /// from instead of the request identity. Empty when the tool declares
     /// none (each request identity is then its own action).
     pub effect_key: &'static [&'static str],
+    /// What the tool's effect does to what is already there, when the
+    /// tool says ([`with_effect_kind`](Self::with_effect_kind)): whether
+    /// it is destructive, in MCP's sense. `None` for a tool that does not
+    /// say (and for reads).
+    pub effect_kind: Option<EffectKind>,
 }
 
 impl ToolSpec {
@@ -61,6 +66,7 @@ impl ToolSpec {
             verify_response: None,
             params: &[],
             effect_key: &[],
+            effect_kind: None,
         }
     }
 
@@ -124,6 +130,54 @@ impl ToolSpec {
     pub const fn with_effect_key(mut self, params: &'static [&'static str]) -> Self {
         self.effect_key = params;
         self
+    }
+
+    /// Says what the effect does to what is already there: adds to it,
+    /// overwrites it, or deletes it. MCP hosts read it (as
+    /// `destructiveHint` and `idempotentHint`, see
+    /// [`mcp_annotations`](crate::toolset::mcp_annotations)) to decide what
+    /// to ask a person to confirm.
+    ///
+    /// The attribute's spelling (proposed) is
+    /// `#[verified_tool(effect = "additive" | "overwrite" | "delete")]`.
+    ///
+    /// ```
+    /// use verified_tools::{EffectKind, SideEffect, ToolSpec};
+    ///
+    /// static SET_STATUS: ToolSpec =
+    ///     ToolSpec::new("set_status", SideEffect::High).with_effect_kind(EffectKind::Overwrite);
+    /// assert_eq!(SET_STATUS.effect_kind, Some(EffectKind::Overwrite));
+    /// ```
+    pub const fn with_effect_kind(mut self, kind: EffectKind) -> Self {
+        self.effect_kind = Some(kind);
+        self
+    }
+}
+
+/// What a write does to the state that was there before it, as MCP's
+/// `destructiveHint` asks ("if false, the tool performs only additive
+/// updates").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EffectKind {
+    /// Adds and changes nothing that was there: creates a record, sends a
+    /// message, appends a row. Not destructive.
+    Additive,
+    /// Replaces what was there with the call's value: sets a status,
+    /// updates fields. Destructive (the old value is gone), and idempotent
+    /// (the same value written again changes nothing more).
+    Overwrite,
+    /// Removes what was there. Destructive.
+    Delete,
+}
+
+impl EffectKind {
+    /// The name the attribute takes (`effect = "overwrite"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Additive => "additive",
+            Self::Overwrite => "overwrite",
+            Self::Delete => "delete",
+        }
     }
 }
 

@@ -4,7 +4,17 @@
 //! cargo run -p integration --bin mcp_server                         # stdio, medium faults, seed 42
 //! cargo run -p integration --bin mcp_server -- --level extreme --seed 7
 //! cargo run -p integration --bin mcp_server -- --http 127.0.0.1:8080 # streamable HTTP at /mcp
+//! VT_MCP_TOKEN=s3cret cargo run -p integration --bin mcp_server -- --http 0.0.0.0:8080 \
+//!     --allowed-host mcp.example:8080                                 # bearer token required
 //! ```
+//!
+//! Over HTTP, a client must send `Authorization: Bearer $VT_MCP_TOKEN` when
+//! that variable is set (its calls are keyed for the principal `token`);
+//! without it, the server authenticates no one, which it accepts on a
+//! loopback address only, unless `--allow-unauthenticated` says so. Browser
+//! origins other than this machine's are refused (`--allowed-origin` adds
+//! others), and so are `Host` names other than loopback ones
+//! (`--allowed-host`).
 //!
 //! Every tool is a `#[verified_tool]` of the root package's `src/tools.rs`, listed through
 //! `verified_tools_suite::llm::tool_set` and served by
@@ -25,7 +35,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use verified_tools::Context;
-use verified_tools::mcp::McpServer;
+use verified_tools::mcp::{BearerToken, McpServer, Principal};
 use verified_tools::sim::{FaultLevel, FaultProfile, SimConfig, SimServer};
 use verified_tools_suite::llm::tool_set;
 use verified_tools_suite::tools::{SimClient, settle_margin};
@@ -44,6 +54,19 @@ struct Args {
     /// Serve streamable HTTP on this address instead of stdio.
     #[arg(long)]
     http: Option<std::net::SocketAddr>,
+    /// Serve HTTP on a non-loopback address without authentication
+    /// (`VT_MCP_TOKEN` unset): anyone who reaches the port can call the
+    /// tools.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// A browser origin to accept over HTTP (`http://host:port`,
+    /// `https://host:*`, `null`), in place of this machine's; repeatable.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+    /// A `Host` to accept over HTTP (`host` or `host:port`), in place of the
+    /// loopback names; repeatable.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
     /// Latency of every answered call, in milliseconds.
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
@@ -55,8 +78,38 @@ struct Args {
     settle: bool,
 }
 
+/// The variable that holds the bearer token HTTP clients must send: read
+/// from the environment, since a command line is visible to every user of
+/// the machine (`ps`).
+const TOKEN_VAR: &str = "VT_MCP_TOKEN";
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    let token = std::env::var(TOKEN_VAR).ok().filter(|t| !t.is_empty());
+    if let Some(addr) = args.http {
+        match (&token, addr.ip().is_loopback(), args.allow_unauthenticated) {
+            (Some(_), _, _) => {
+                eprintln!(
+                    "mcp_server: HTTP clients authenticate with the bearer token of {TOKEN_VAR}"
+                )
+            }
+            (None, true, _) => eprintln!(
+                "mcp_server: no authentication ({TOKEN_VAR} unset): only this machine can reach {addr}"
+            ),
+            (None, false, true) => eprintln!(
+                "mcp_server: WARNING: no authentication on {addr} (--allow-unauthenticated): \
+                 anyone who reaches it can call the tools"
+            ),
+            (None, false, false) => {
+                eprintln!(
+                    "error: refusing to serve {addr} without authentication: set {TOKEN_VAR} \
+                     (clients send `Authorization: Bearer <token>`), bind a loopback address, \
+                     or pass --allow-unauthenticated"
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let profile = match args.level.as_str() {
         "none" => FaultProfile::NONE,
         level => match level.parse::<FaultLevel>() {
@@ -88,7 +141,17 @@ fn main() -> ExitCode {
         let tools =
             tool_set(SimClient::new(server, true)).with_context(context).with_checks(10_000);
         let count = tools.names().count();
-        let mcp = McpServer::new(tools).with_name("verified-tools-sim", env!("CARGO_PKG_VERSION"));
+        let mut mcp =
+            McpServer::new(tools).with_name("verified-tools-sim", env!("CARGO_PKG_VERSION"));
+        if let Some(token) = token {
+            mcp = mcp.with_authenticator(BearerToken::new(token, Principal::new("token")));
+        }
+        if !args.allowed_origins.is_empty() {
+            mcp = mcp.with_allowed_origins(args.allowed_origins);
+        }
+        if !args.allowed_hosts.is_empty() {
+            mcp = mcp.with_allowed_hosts(args.allowed_hosts);
+        }
         match args.http {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -4,7 +4,8 @@
 //!
 //! `tools/list` lists every tool of the set with its `inputSchema`, its
 //! `outputSchema` when the value type has one, and the annotations that
-//! follow from its side-effect class ([`mcp_annotations`]). `tools/call`
+//! follow from its side-effect class, effect kind and effect identity
+//! ([`mcp_annotations`]). `tools/call`
 //! answers with the [`ToolOutcome`] as `structuredContent` (and as JSON
 //! text in `content`, for clients that read only text), and `isError: true`
 //! for every outcome but a success: an effect in doubt is never shown as a
@@ -45,14 +46,14 @@
 //! ```
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ExperimentalCapabilities,
-    Implementation, ListToolsResult, PaginatedRequestParams, RequestMetaObject, ServerCapabilities,
-    ServerConfig, Tool,
+    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::StreamableHttpService;
@@ -66,11 +67,13 @@ use crate::KeyScope;
 use crate::toolset::mcp_annotations;
 use crate::toolset::{CHECK_TOOL, ToolOutcome, ToolSet};
 
+pub use http::{Authenticate, BearerToken, HttpLimits, Principal};
 pub use rmcp;
 pub use wire::{
     DEFAULT_MAX_MESSAGE_BYTES, HttpResponse, HttpService, IDEMPOTENCY_KEY_META, serve_lines,
 };
 
+mod http;
 mod wire;
 
 /// The `_meta` key of a `tools/call` request that carries the client's id
@@ -110,7 +113,40 @@ pub struct McpServer<S> {
     session: Arc<str>,
     /// Who the client is: calls with an id are keyed for it.
     principal: Arc<str>,
+    /// The authenticated principal an HTTP session was opened by: its
+    /// first call binds it, and a request of another principal in the same
+    /// session is refused (a session id is no credential).
+    bound: Arc<OnceLock<Principal>>,
+    http: HttpSettings,
 }
+
+/// What the streamable HTTP endpoint checks, beyond rmcp's defaults.
+#[derive(Clone)]
+struct HttpSettings {
+    allowed_origins: Arc<[String]>,
+    allowed_hosts: Option<Arc<[String]>>,
+    auth: Option<Arc<dyn Authenticate>>,
+    limits: HttpLimits,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            allowed_origins: DEFAULT_ALLOWED_ORIGINS.iter().map(|&o| o.to_owned()).collect(),
+            allowed_hosts: None,
+            auth: None,
+            limits: HttpLimits::default(),
+        }
+    }
+}
+
+/// The origins a streamable HTTP server accepts unless told otherwise
+/// ([`McpServer::with_allowed_origins`]): pages served from this machine,
+/// on any port. A request without `Origin` (not from a browser) is always
+/// accepted; `Origin: null` (a sandboxed page, a file) matches none of
+/// these.
+pub const DEFAULT_ALLOWED_ORIGINS: [&str; 3] =
+    ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"];
 
 impl<S> Clone for McpServer<S> {
     /// A handle on the same session.
@@ -121,6 +157,8 @@ impl<S> Clone for McpServer<S> {
             instructions: self.instructions.clone(),
             session: Arc::clone(&self.session),
             principal: Arc::clone(&self.principal),
+            bound: Arc::clone(&self.bound),
+            http: self.http.clone(),
         }
     }
 }
@@ -153,6 +191,8 @@ impl<S: Send + Sync + 'static> McpServer<S> {
             instructions,
             session: new_session(),
             principal: Arc::from(ANONYMOUS),
+            bound: Arc::default(),
+            http: HttpSettings::default(),
         }
     }
 
@@ -160,7 +200,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// session gets (stdio serves one session per process).
     #[must_use]
     pub fn new_session(&self) -> Self {
-        Self { session: new_session(), ..self.clone() }
+        Self { session: new_session(), bound: Arc::default(), ..self.clone() }
     }
 
     /// The session calls without an id are keyed within.
@@ -175,6 +215,63 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     pub fn with_principal(mut self, principal: impl Into<Arc<str>>) -> Self {
         self.principal = principal.into();
         self
+    }
+
+    /// Sets the browser origins the streamable HTTP endpoint accepts
+    /// (DNS rebinding and cross-site protection, which MCP requires of
+    /// it), in place of [`DEFAULT_ALLOWED_ORIGINS`]: `scheme://host:port`,
+    /// `scheme://host:*` for any port, or `null`. A request whose `Origin`
+    /// is not listed is refused with `403 Forbidden`; a request without
+    /// `Origin` is accepted (non-browser clients send none). An empty list
+    /// refuses every request that has an `Origin`.
+    #[must_use]
+    pub fn with_allowed_origins(
+        mut self,
+        origins: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.http.allowed_origins = origins.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the `Host` values the streamable HTTP endpoint accepts (`host`
+    /// or `host:port`), in place of rmcp's loopback names (`localhost`,
+    /// `127.0.0.1`, `::1`): a server reached under another name must list
+    /// it. Others are refused with `403 Forbidden`.
+    #[must_use]
+    pub fn with_allowed_hosts(
+        mut self,
+        hosts: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.http.allowed_hosts = Some(hosts.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Requires a bearer token on every streamable HTTP request, checked by
+    /// `auth` (a [`BearerToken`], or a closure `Fn(&str) ->
+    /// Option<Principal>`) before anything else: `401 Unauthorized` with a
+    /// `WWW-Authenticate: Bearer` challenge when it is missing or refused.
+    /// The [`Principal`] it yields is the principal of the request's calls
+    /// (in place of [`with_principal`](Self::with_principal)'s), and the
+    /// HTTP session is bound to it: a request of another principal under
+    /// the same session id is refused. Stdio needs none: whoever launched
+    /// the process is its client.
+    #[must_use]
+    pub fn with_authenticator(mut self, auth: impl Authenticate) -> Self {
+        self.http.auth = Some(Arc::new(auth));
+        self
+    }
+
+    /// Sets the streamable HTTP endpoint's timeouts and caps (see
+    /// [`HttpLimits`] for the defaults).
+    #[must_use]
+    pub fn with_http_limits(mut self, limits: HttpLimits) -> Self {
+        self.http.limits = limits;
+        self
+    }
+
+    /// Whether HTTP requests must be authenticated.
+    pub fn authenticates(&self) -> bool {
+        self.http.auth.is_some()
     }
 
     /// Sets the name and version the server gives in `initialize`.
@@ -220,6 +317,33 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         request: CallToolRequestParams,
         meta: &RequestMetaObject,
     ) -> Result<CallToolResult, ErrorData> {
+        self.call_as(request, meta, &self.principal).await
+    }
+
+    /// The principal of a request: the one its bearer token named (HTTP
+    /// with an [`Authenticate`]), else the server's. A session serves the
+    /// principal that opened it alone.
+    fn principal_of(&self, context: &RequestContext<RoleServer>) -> Result<Arc<str>, ErrorData> {
+        let parts = context.extensions.get::<hyper::http::request::Parts>();
+        let Some(principal) = parts.and_then(|p| p.extensions.get::<Principal>()) else {
+            return Ok(Arc::clone(&self.principal));
+        };
+        let bound = self.bound.get_or_init(|| principal.clone());
+        if bound != principal {
+            return Err(ErrorData::invalid_request(
+                "this session was opened by another principal: open a session of your own",
+                None,
+            ));
+        }
+        Ok(Arc::clone(principal.name()))
+    }
+
+    async fn call_as(
+        &self,
+        request: CallToolRequestParams,
+        meta: &RequestMetaObject,
+        principal: &str,
+    ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.as_ref();
         if !self.set.lists(name) {
             let outcome = ToolOutcome::no_such_tool(name, self.set.names());
@@ -234,7 +358,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         let scope = scope(
             meta_str(meta, IDEMPOTENCY_KEY_META),
             meta_str(meta, TOOL_CALL_ID_META),
-            &self.principal,
+            principal,
             &self.session,
             window.unwrap_or(DEFAULT_WINDOW),
         );
@@ -265,37 +389,66 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// The streamable HTTP endpoint as a tower service (one session per
     /// client, kept in memory), to mount under a path of an axum or hyper
     /// server: rmcp's service behind the wire layer ([`HttpService`]: every
-    /// POST answered, SEP-3182 keys delivered). Accepts `localhost` hosts
-    /// only (DNS rebinding protection); see rmcp's
-    /// `StreamableHttpServerConfig`.
+    /// POST answered, SEP-3182 keys delivered), with this server's
+    /// authentication, body timeout and cap on concurrent requests. Accepts
+    /// the `Host`s of [`with_allowed_hosts`](Self::with_allowed_hosts)
+    /// (loopback names by default) and the `Origin`s of
+    /// [`with_allowed_origins`](Self::with_allowed_origins)
+    /// ([`DEFAULT_ALLOWED_ORIGINS`]), `403` otherwise. The header and idle
+    /// timeouts and the connection caps are the accept loop's: mounted in
+    /// another server, set them there.
     pub fn http_service(self) -> HttpService<Self, LocalSessionManager> {
+        let http = self.http.clone();
+        let mut config = StreamableHttpServerConfig::default()
+            .with_allowed_origins(http.allowed_origins.iter().cloned())
+            // An empty list means "no browser origin", not "no check".
+            .enforce_origin_validation();
+        if let Some(hosts) = &http.allowed_hosts {
+            config = config.with_allowed_hosts(hosts.iter().cloned());
+        }
         // rmcp asks the factory once per session (at `initialize`): each
         // HTTP session gets a session identity of its own.
-        HttpService::new(StreamableHttpService::new(
+        let service = HttpService::new(StreamableHttpService::new(
             move || Ok(self.new_session()),
             Arc::new(LocalSessionManager::default()),
-            StreamableHttpServerConfig::default(),
+            config,
         ))
+        .with_limits(&http.limits);
+        match http.auth {
+            Some(auth) => service.with_authenticator(auth),
+            None => service,
+        }
     }
 
     /// Serves streamable HTTP on `listener` (HTTP/1.1, every path; clients
     /// conventionally use `http://HOST:PORT/mcp`), until the task is
-    /// dropped.
+    /// dropped, under this server's [`HttpLimits`]: a connection over a
+    /// cap is closed at once, one whose request head is late or that
+    /// stays idle past its timeout is closed.
     ///
     /// # Errors
     ///
-    /// When accepting a connection fails.
+    /// When accepting a connection fails for a reason other than the
+    /// process's or the system's file limit (those are waited out).
     pub async fn serve_http(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let limits = self.http.limits;
         let service = self.http_service();
+        let connections = http::Connections::new(&limits);
         loop {
-            let (stream, _) = listener.accept().await?;
-            let service = hyper_util::service::TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                // A client that goes away mid-request is its own business.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                // Out of file descriptors: connections close and free
+                // some; a server that stopped here would stop for good.
+                Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // Over a cap: dropping the stream closes it, before any byte
+            // is read.
+            let Some(admitted) = connections.admit(peer.ip()) else { continue };
+            tokio::spawn(http::serve_connection(stream, service.clone(), limits, admitted));
         }
     }
 }
@@ -354,11 +507,24 @@ impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
             .with_instructions(self.instructions.clone())
     }
 
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        // The session is bound to whoever opens it, before another
+        // principal could learn its id and call first.
+        self.principal_of(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        self.principal_of(&context)?;
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
@@ -371,7 +537,67 @@ impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let principal = self.principal_of(&context)?;
         // rmcp moves the params' `_meta` into the request context.
-        self.call_with(request, &context.meta).await.map(CallToolResponse::from)
+        self.call_as(request, &context.meta, &principal).await.map(CallToolResponse::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::toolset::mcp_annotations;
+    use crate::{EffectKind, SideEffect, ToolSpec};
+
+    /// `(destructiveHint, idempotentHint)` of a hand-written spec.
+    fn hints(spec: &ToolSpec) -> (bool, bool) {
+        let a = mcp_annotations(spec);
+        assert_eq!((&a["readOnlyHint"], &a["openWorldHint"]), (&json!(false), &json!(true)));
+        (a["destructiveHint"].as_bool().unwrap(), a["idempotentHint"].as_bool().unwrap())
+    }
+
+    #[test]
+    fn annotations_follow_mcps_definitions() {
+        let write = |kind: Option<EffectKind>, key: &'static [&'static str]| {
+            let spec = ToolSpec::new("t", SideEffect::High).with_effect_key(key);
+            match kind {
+                Some(kind) => spec.with_effect_kind(kind),
+                None => spec,
+            }
+        };
+        let keyed: &[&str] = &["order"];
+        // (kind, declares a key) -> (destructive, idempotent)
+        let table = [
+            (Some(EffectKind::Additive), false, (false, false)),
+            (Some(EffectKind::Additive), true, (false, true)),
+            (Some(EffectKind::Overwrite), false, (true, true)),
+            (Some(EffectKind::Overwrite), true, (true, true)),
+            (Some(EffectKind::Delete), false, (true, false)),
+            (Some(EffectKind::Delete), true, (true, true)),
+            (None, false, (true, false)),
+            (None, true, (true, true)),
+        ];
+        for (kind, key, expected) in table {
+            let spec = write(kind, if key { keyed } else { &[] });
+            assert_eq!(hints(&spec), expected, "{kind:?}, key: {key}");
+        }
+        // The class says what a repeat costs, not what the effect does.
+        for class in [SideEffect::Low, SideEffect::High, SideEffect::Irreversible] {
+            let spec = ToolSpec::new("t", class).with_effect_kind(EffectKind::Additive);
+            assert_eq!(hints(&spec), (false, false), "{class:?}");
+        }
+        // Reads say only that they read.
+        let read = ToolSpec::new("r", SideEffect::None).with_effect_kind(EffectKind::Overwrite);
+        assert_eq!(mcp_annotations(&read), json!({"readOnlyHint": true, "openWorldHint": true}));
+    }
+
+    #[test]
+    fn effect_kinds_are_named_as_the_attribute_spells_them() {
+        let names: Vec<_> = [EffectKind::Additive, EffectKind::Overwrite, EffectKind::Delete]
+            .iter()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(names, ["additive", "overwrite", "delete"]);
     }
 }

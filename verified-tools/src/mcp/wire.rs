@@ -33,7 +33,9 @@ use std::future::Future;
 use std::io;
 use std::io::Write as _;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt as _, Full};
@@ -49,7 +51,11 @@ use rmcp::{ServerHandler, ServiceExt as _};
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
+
+#[cfg(doc)]
+use super::http::Principal;
+use super::http::{Authenticate, HttpLimits, authenticate, unauthorized};
 
 use crate::ArgsError;
 use crate::toolset::ToolOutcome;
@@ -892,20 +898,42 @@ pub type HttpResponse = Response<BoxBody<Bytes, Infallible>>;
 /// `Origin` checks (DNS rebinding protection) still come first: the
 /// request's headers are shown to rmcp, without a body and under a method
 /// it serves none of, and its refusal (`403`, `400`) is returned as is.
+///
+/// With an [`Authenticate`] ([`with_authenticator`](Self::with_authenticator)),
+/// every request must carry `Authorization: Bearer TOKEN`, checked before
+/// anything else (`401` and a `WWW-Authenticate: Bearer` challenge
+/// otherwise, RFC 6750 §3); the [`Principal`] it yields goes into the
+/// request's extensions, where the handler finds it. Past
+/// [`HttpLimits::max_concurrent_requests`] a request is refused with `503`;
+/// a JSON POST body that takes longer than
+/// [`HttpLimits::body_read_timeout`] with `408`.
 pub struct HttpService<S, M = LocalSessionManager> {
     inner: StreamableHttpService<S, M>,
     limit: usize,
+    auth: Option<Arc<dyn Authenticate>>,
+    body_timeout: Duration,
+    requests: Arc<Semaphore>,
 }
 
 impl<S, M> Clone for HttpService<S, M> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), limit: self.limit }
+        Self {
+            inner: self.inner.clone(),
+            limit: self.limit,
+            auth: self.auth.clone(),
+            body_timeout: self.body_timeout,
+            requests: Arc::clone(&self.requests),
+        }
     }
 }
 
 impl<S, M> fmt::Debug for HttpService<S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpService").field("limit", &self.limit).finish_non_exhaustive()
+        f.debug_struct("HttpService")
+            .field("limit", &self.limit)
+            .field("authenticates", &self.auth.is_some())
+            .field("body_timeout", &self.body_timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -916,7 +944,14 @@ pub(crate) fn http_layer<S, M>(
     inner: StreamableHttpService<S, M>,
     limit: usize,
 ) -> HttpService<S, M> {
-    HttpService { inner, limit }
+    let limits = HttpLimits::default();
+    HttpService {
+        inner,
+        limit,
+        auth: None,
+        body_timeout: limits.body_read_timeout,
+        requests: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
+    }
 }
 
 impl<S, M> HttpService<S, M>
@@ -936,8 +971,51 @@ where
         &self.inner
     }
 
+    /// Requires a bearer token on every request, checked by `auth`.
+    #[must_use]
+    pub fn with_authenticator(mut self, auth: Arc<dyn Authenticate>) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// Applies the body read timeout and the cap on concurrent requests of
+    /// `limits` (the rest are the accept loop's: see
+    /// [`McpServer::serve_http`](super::McpServer::serve_http)).
+    #[must_use]
+    pub fn with_limits(mut self, limits: &HttpLimits) -> Self {
+        self.body_timeout = limits.body_read_timeout;
+        self.requests = Arc::new(Semaphore::new(limits.max_concurrent_requests));
+        self
+    }
+
     /// Answers one HTTP request.
-    pub async fn handle<B>(&self, request: Request<B>) -> HttpResponse
+    pub async fn handle<B>(&self, mut request: Request<B>) -> HttpResponse
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: fmt::Display,
+    {
+        // Who asks comes first: an unauthenticated client learns nothing
+        // else about the server, not even its Host and Origin rules.
+        if let Some(auth) = &self.auth {
+            match authenticate(auth.as_ref(), request.headers()) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                }
+                Err(e) => return unauthorized(&e),
+            }
+        }
+        let Ok(permit) = Arc::clone(&self.requests).try_acquire_owned() else {
+            return busy();
+        };
+        let response = self.answer(request).await;
+        // The slot is held until the answer has been sent in full: an SSE
+        // answer is where a tool call does its work.
+        let (parts, body) = response.into_parts();
+        Response::from_parts(parts, Guarded { body, _permit: permit }.boxed())
+    }
+
+    async fn answer<B>(&self, request: Request<B>) -> HttpResponse
     where
         B: Body + Send + 'static,
         B::Data: Send,
@@ -947,14 +1025,30 @@ where
             return self.inner.handle(request).await;
         }
         let (mut parts, body) = request.into_parts();
-        let inspected = match collect(body, self.limit).await {
-            Collected::Whole(bytes) => inspect(&bytes, self.limit),
-            Collected::TooLarge(prefix) => too_large(&prefix, self.limit),
-            Collected::Failed(e) => {
+        let collected = tokio::time::timeout(self.body_timeout, collect(body, self.limit)).await;
+        let inspected = match collected {
+            Ok(Collected::Whole(bytes)) => inspect(&bytes, self.limit),
+            Ok(Collected::TooLarge(prefix)) => too_large(&prefix, self.limit),
+            Ok(Collected::Failed(e)) => {
                 return plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("Failed to read request body: {e}"),
                 );
+            }
+            Err(_) => {
+                let mut response = plain(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "Request Timeout: the body did not arrive within {:?}",
+                        self.body_timeout
+                    ),
+                );
+                // The rest of the body may still be on its way: the
+                // connection cannot carry another request.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return response;
             }
         };
         let answer = match inspected {
@@ -1029,6 +1123,43 @@ fn is_json(headers: &hyper::HeaderMap) -> bool {
         let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
         essence.trim().eq_ignore_ascii_case("application/json")
     })
+}
+
+/// The answer past the cap on concurrent requests.
+fn busy() -> HttpResponse {
+    let mut response = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Service Unavailable: too many requests at once; try again".to_owned(),
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// A response body that holds a slot of the concurrency cap until it is
+/// dropped (sent in full, or abandoned with its connection).
+struct Guarded {
+    body: BoxBody<Bytes, Infallible>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 fn plain(status: StatusCode, text: String) -> HttpResponse {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::checks::{CHECK_DESCRIPTION, CHECK_TOOL, Pending, Pendings, Reconciled, check_schema};
 use super::schema::JsonObject;
 use super::{Status, ToolDef, ToolOutcome};
-use crate::{ArgsError, Context, IdempotencyKey, SideEffect};
+use crate::{ArgsError, Context, EffectKind, IdempotencyKey, SideEffect, ToolSpec};
 
 /// One value that lists a group of verified tools in the formats models are
 /// given tools in, and dispatches their calls by name.
@@ -223,7 +223,8 @@ impl<S> ToolSet<S> {
     /// The tools as MCP `Tool`s (the `tools` of a `tools/list` answer):
     /// `name`, `description`, `inputSchema`, `outputSchema` where the value
     /// type has a schema, and the `annotations` that follow from the
-    /// side-effect class ([`mcp_annotations`]).
+    /// tool's side-effect class, effect kind and effect identity
+    /// ([`mcp_annotations`]).
     pub fn mcp_tools(&self) -> Value {
         Value::Array(
             self.tools
@@ -233,14 +234,11 @@ impl<S> ToolSet<S> {
                     if let Some(output) = &t.output {
                         tool.insert("outputSchema".to_owned(), Value::Object(output.clone()));
                     }
-                    tool.insert(
-                        "annotations".to_owned(),
-                        mcp_annotations(t.def.spec().side_effect),
-                    );
+                    tool.insert("annotations".to_owned(), mcp_annotations(t.def.spec()));
                     Value::Object(tool)
                 })
                 .chain(self.check_entry("inputSchema").map(|mut entry| {
-                    entry.insert("annotations".to_owned(), mcp_annotations(SideEffect::None));
+                    entry.insert("annotations".to_owned(), mcp_annotations(&CHECK_SPEC));
                     Value::Object(entry)
                 }))
                 .collect(),
@@ -397,56 +395,72 @@ fn description<S>(tool: &ToolDef<S>) -> Option<&'static str> {
     Some(tool.spec().description).filter(|d| !d.is_empty())
 }
 
-/// The MCP tool annotations of a side-effect class.
+/// The check tool, as [`mcp_annotations`] sees it: a read.
+static CHECK_SPEC: ToolSpec = ToolSpec::new(CHECK_TOOL, SideEffect::None);
+
+/// The MCP tool annotations of a tool, from its side-effect class, its
+/// [`EffectKind`] and its effect identity, by the definitions of MCP's
+/// `ToolAnnotations`:
 ///
-/// | class | `readOnlyHint` | `destructiveHint` | `idempotentHint` | `openWorldHint` |
+/// | the tool | `readOnlyHint` | `destructiveHint` | `idempotentHint` | `openWorldHint` |
 /// |---|---|---|---|---|
-/// | `none` | true | | | true |
-/// | `low` | false | false | true | true |
-/// | `high` | false | false | true | true |
-/// | `irreversible` | false | true | false | true |
+/// | a read (`side_effect = none`) | true | | | true |
+/// | `effect = "additive"` | false | false | key | true |
+/// | `effect = "overwrite"` | false | true | true | true |
+/// | `effect = "delete"` | false | true | key | true |
+/// | no effect kind | false | true | key | true |
 ///
-/// - `readOnlyHint` is true exactly for `none`, the class of reads.
-/// - `destructiveHint` ("may perform destructive updates", what hosts ask a
-///   person to confirm) is true for `irreversible`, the class of effects
-///   that cannot be undone (a payment, a deletion). `low` effects are
-///   cheap to undo and `high` ones (a message, an order, a status change)
-///   must happen once but can be corrected: false. (MCP's default, when the
-///   hint is absent, is true.)
-/// - `idempotentHint` ("calling repeatedly with the same arguments has no
-///   additional effect") is true for `low` and `high`: a repeat of the same
-///   call, within its key scope (the same tool-call id; without one, the
-///   same time bucket), is replayed from the ledger or verified first. It
-///   is false for `irreversible` tools so that a host never repeats a
-///   payment by itself: a host that gives each repeat a new tool-call id
-///   makes a new call.
+/// ("key": true when the tool declares its effect identity,
+/// [`ToolSpec::effect_key`], false otherwise.)
+///
+/// - `readOnlyHint` is true exactly for the class of reads; read-only tools
+///   leave the other hints out, which MCP defines only for tools that
+///   write.
+/// - `destructiveHint`: "if false, the tool performs only additive
+///   updates". So it is false for an additive effect alone: an overwrite
+///   loses the value that was there, a delete the thing. A tool that does
+///   not say what its effect does gets MCP's own default, true: it may be
+///   destructive. The side-effect class does not enter: it says how much a
+///   repeat costs, not whether an effect adds or replaces (a payment is
+///   irreversible and additive).
+/// - `idempotentHint`: "calling the tool repeatedly with the same arguments
+///   will have no additional effect". True when the tool declares its
+///   effect identity (`key(order)`): the key is the business action, so
+///   every repeat, under any tool-call id, is replayed or verified, never
+///   done again. True for an overwrite: the same value written again
+///   changes nothing more. False otherwise: the ledger replays a repeat
+///   only within its key scope (the same tool-call id or idempotency key,
+///   or the same time bucket), and a host that re-sends with a new id makes
+///   a new call, so a second message is sent, a second record created. A
+///   delete is not taken as idempotent by itself: "delete the oldest"
+///   repeated deletes another; a delete that names its target declares it
+///   as its key.
 /// - `openWorldHint` is true: verified tools act on services outside the
 ///   agent.
-/// - Read-only tools leave the other hints out: MCP defines them only for
-///   tools that write.
 ///
 /// ```
-/// use verified_tools::SideEffect;
+/// use verified_tools::{EffectKind, SideEffect, ToolSpec};
 /// use verified_tools::toolset::mcp_annotations;
 ///
-/// let hints = mcp_annotations(SideEffect::Irreversible);
-/// assert_eq!(hints["destructiveHint"], true);
-/// assert_eq!(hints["idempotentHint"], false);
+/// let set_status = ToolSpec::new("set_status", SideEffect::High)
+///     .with_effect_kind(EffectKind::Overwrite);
+/// let hints = mcp_annotations(&set_status);
+/// assert_eq!((&hints["destructiveHint"], &hints["idempotentHint"]), (&true.into(), &true.into()));
+///
+/// let send = ToolSpec::new("send", SideEffect::High).with_effect_kind(EffectKind::Additive);
+/// let hints = mcp_annotations(&send);
+/// assert_eq!((&hints["destructiveHint"], &hints["idempotentHint"]), (&false.into(), &false.into()));
 /// ```
-pub fn mcp_annotations(class: SideEffect) -> Value {
-    match class {
-        SideEffect::None => json!({"readOnlyHint": true, "openWorldHint": true}),
-        SideEffect::Low | SideEffect::High => json!({
-            "readOnlyHint": false,
-            "destructiveHint": false,
-            "idempotentHint": true,
-            "openWorldHint": true
-        }),
-        SideEffect::Irreversible => json!({
-            "readOnlyHint": false,
-            "destructiveHint": true,
-            "idempotentHint": false,
-            "openWorldHint": true
-        }),
+pub fn mcp_annotations(spec: &ToolSpec) -> Value {
+    if spec.side_effect == SideEffect::None {
+        return json!({"readOnlyHint": true, "openWorldHint": true});
     }
+    let destructive = spec.effect_kind != Some(EffectKind::Additive);
+    let idempotent = !spec.effect_key.is_empty() || spec.effect_kind == Some(EffectKind::Overwrite);
+    json!({
+        "readOnlyHint": false,
+        "destructiveHint": destructive,
+        "idempotentHint": idempotent,
+        "openWorldHint": true
+    })
 }
