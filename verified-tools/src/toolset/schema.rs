@@ -9,6 +9,17 @@
 //! reads an absent field (`null`) as a value (an `Option`), and no other
 //! properties. Subschemas are inlined (models read inline schemas best);
 //! only recursive types keep a `$defs` entry.
+//!
+//! Every schema is made portable ([`portable`]) before it is listed: no
+//! `format` that JSON Schema does not define (schemars writes `uint64`,
+//! `int32`, `double`... for Rust's numbers; the bounds they stand for stay
+//! as `minimum`/`maximum`), and a nullable value written as `anyOf: [{..},
+//! {"type": "null"}]` rather than as a `type` array, which clients that map
+//! schemas onto a single-`type` dialect (Gemini's OpenAPI subset) reject.
+//! `anyOf` rather than leaving the property out of `required`: serde writes
+//! `None` as `null`, so an outcome's `null` must validate, and a tool reads
+//! an argument's `null` as absent, so the schema may as well say so; absent
+//! and `null` are different contracts, and the wire has both.
 
 use std::marker::PhantomData;
 
@@ -86,7 +97,138 @@ pub fn object(mut generator: SchemaGenerator, properties: Vec<Property>) -> Json
     if !defs.is_empty() {
         object.insert("$defs".to_owned(), Value::Object(defs));
     }
-    object
+    let mut object = Value::Object(object);
+    portable(&mut object);
+    match object {
+        Value::Object(map) => map,
+        _ => unreachable!("built as an object"),
+    }
+}
+
+/// The formats JSON Schema (draft 2020-12, §7.3) defines: any other is
+/// unknown to a validator, which may refuse the schema for it.
+const STANDARD_FORMATS: [&str; 19] = [
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// The keywords of a schema that annotate rather than validate: they stay
+/// on a nullable schema's outside when its type is split into `anyOf`.
+const ANNOTATIONS: [&str; 8] = [
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$comment",
+];
+
+/// Rewrites a schema (and every schema inside it) into the portable subset
+/// the module's documentation describes: formats JSON Schema does not
+/// define are dropped (an unsigned integer's keeps its `minimum: 0`), and
+/// a `type` array becomes `anyOf` with one `type` in each branch.
+///
+/// ```
+/// use serde_json::json;
+/// use verified_tools::toolset::schema::portable;
+///
+/// let mut schema = json!({
+///     "type": ["integer", "null"], "format": "uint64", "minimum": 0,
+///     "description": "The amount, if known."
+/// });
+/// portable(&mut schema);
+/// assert_eq!(schema, json!({
+///     "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+///     "description": "The amount, if known."
+/// }));
+/// ```
+pub fn portable(schema: &mut Value) {
+    let Value::Object(map) = schema else { return };
+    for key in ["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"] {
+        if let Some(Value::Object(schemas)) = map.get_mut(key) {
+            schemas.values_mut().for_each(portable);
+        }
+    }
+    for key in [
+        "items",
+        "additionalProperties",
+        "additionalItems",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contains",
+        "propertyNames",
+        "not",
+        "if",
+        "then",
+        "else",
+    ] {
+        match map.get_mut(key) {
+            Some(Value::Array(schemas)) => schemas.iter_mut().for_each(portable),
+            Some(schema @ Value::Object(_)) => portable(schema),
+            _ => {}
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf", "prefixItems"] {
+        if let Some(Value::Array(schemas)) = map.get_mut(key) {
+            schemas.iter_mut().for_each(portable);
+        }
+    }
+    if let Some(Value::String(format)) = map.get("format")
+        && !STANDARD_FORMATS.contains(&format.as_str())
+    {
+        // schemars' unsigned formats always come with `minimum: 0`; a
+        // hand-written one may not, and the bound is what the format said.
+        if format.starts_with("uint") && !map.contains_key("minimum") {
+            map.insert("minimum".to_owned(), 0.into());
+        }
+        map.remove("format");
+    }
+    if let Some(Value::Array(types)) = map.get("type") {
+        let types = types.clone();
+        map.remove("type");
+        let (annotations, rest): (Map<String, Value>, Map<String, Value>) =
+            std::mem::take(map).into_iter().partition(|(k, _)| ANNOTATIONS.contains(&k.as_str()));
+        let branches: Vec<Value> = types
+            .into_iter()
+            .map(|ty| {
+                let mut branch = Map::new();
+                let null = ty == "null";
+                branch.insert("type".to_owned(), ty);
+                if !null {
+                    branch.extend(rest.clone());
+                }
+                Value::Object(branch)
+            })
+            .collect();
+        *map = annotations;
+        match <[Value; 1]>::try_from(branches) {
+            // One type in an array: no need for `anyOf`.
+            Ok([Value::Object(only)]) => map.extend(only),
+            Ok(_) => unreachable!("branches are objects"),
+            Err(branches) => {
+                map.insert("anyOf".to_owned(), Value::Array(branches));
+            }
+        }
+    }
 }
 
 /// The schema of a [`ToolOutcome`](super::ToolOutcome) whose value is a
@@ -141,6 +283,7 @@ pub fn outcome_schema<T: JsonSchema + ?Sized>() -> JsonObject {
     {
         map.insert("$defs".to_owned(), Value::Object(defs));
     }
+    portable(&mut object);
     match object {
         Value::Object(map) => map,
         _ => unreachable!("built as an object"),
@@ -262,14 +405,59 @@ mod tests {
                 "type": "object",
                 "properties": {
                     "customer": {
-                        "type": "integer", "format": "uint64", "minimum": 0,
+                        "type": "integer", "minimum": 0,
                         "description": "The customer's id."
                     },
-                    "note": {"type": ["string", "null"]},
+                    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                     "tags": {"type": "array", "items": {"type": "string"}}
                 },
                 "required": ["customer", "tags"],
                 "additionalProperties": false
+            })
+        );
+    }
+
+    #[test]
+    fn portable_schemas_keep_what_they_say() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "small": {"type": "integer", "format": "uint8", "minimum": 0, "maximum": 255},
+                "signed": {"type": "integer", "format": "int32"},
+                "when": {"type": "string", "format": "date-time"},
+                "bare": {"type": "integer", "format": "uint32"},
+                "tags": {"type": ["array", "null"], "items": {"type": "number", "format": "double"}},
+                "maybe": {
+                    "type": ["string", "null"], "enum": ["a", "b", null],
+                    "description": "Either."
+                },
+                "one": {"type": ["boolean"]},
+                "format": {"type": "string"}
+            },
+            "$defs": {"Node": {"type": ["object", "null"], "properties": {}}}
+        });
+        portable(&mut schema);
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "small": {"type": "integer", "minimum": 0, "maximum": 255},
+                    "signed": {"type": "integer"},
+                    "when": {"type": "string", "format": "date-time"},
+                    "bare": {"type": "integer", "minimum": 0},
+                    "tags": {"anyOf": [
+                        {"type": "array", "items": {"type": "number"}},
+                        {"type": "null"}
+                    ]},
+                    "maybe": {
+                        "anyOf": [{"type": "string", "enum": ["a", "b", null]}, {"type": "null"}],
+                        "description": "Either."
+                    },
+                    "one": {"type": "boolean"},
+                    "format": {"type": "string"}
+                },
+                "$defs": {"Node": {"anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]}}
             })
         );
     }
