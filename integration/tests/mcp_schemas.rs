@@ -14,6 +14,12 @@
 #[path = "../../verified-tools/tests/support/mod.rs"]
 mod support;
 
+// The conformance suite's fixture: its tools take `serde_json::Value`s,
+// whose schema schemars writes as `true`.
+#[allow(dead_code)]
+#[path = "../src/conformance.rs"]
+mod conformance;
+
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value, json};
@@ -48,13 +54,21 @@ fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Every place in `value` where a `type` is an array (the path).
+/// Every place in `value` where a `type` is an array, or a property's
+/// schema is a boolean (valid JSON Schema that the TypeScript SDK refuses:
+/// its client rejects the whole `tools/list`): the paths.
 fn type_arrays(value: &Value, path: &str, found: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
             for (key, inner) in map {
                 if key == "type" && inner.is_array() {
                     found.push(path.to_owned());
+                }
+                if key == "properties"
+                    && let Some(properties) = inner.as_object()
+                {
+                    let booleans = properties.iter().filter(|(_, schema)| schema.is_boolean());
+                    found.extend(booleans.map(|(name, _)| format!("{path}.properties.{name}")));
                 }
                 type_arrays(inner, &format!("{path}.{key}"), found);
             }
@@ -72,8 +86,11 @@ fn type_arrays(value: &Value, path: &str, found: &mut Vec<String>) {
 fn every_listed_schema_is_a_portable_draft_2020_12_schema() {
     let tools = listed(&server());
     assert_eq!(tools.len(), 10, "{:?}", tools.keys());
+    let Value::Array(fixtures) = conformance::fixture_tools().mcp_tools() else { panic!() };
+    assert_eq!(fixtures.len(), 12);
+    let fixtures = fixtures.into_iter().map(|t| (t["name"].as_str().unwrap().to_owned(), t));
     let mut outputs = 0;
-    for (name, tool) in &tools {
+    for (name, tool) in tools.iter().map(|(n, t)| (n.clone(), t.clone())).chain(fixtures) {
         for key in ["inputSchema", "outputSchema"] {
             let Some(schema) = tool.get(key) else { continue };
             outputs += usize::from(key == "outputSchema");
@@ -89,7 +106,7 @@ fn every_listed_schema_is_a_portable_draft_2020_12_schema() {
             assert!(arrays.is_empty(), "{name}: `type` arrays at {arrays:?}");
         }
     }
-    assert!(outputs >= 9, "the simulator's tools have output schemas");
+    assert!(outputs >= 9 + 12, "the tools have output schemas");
 }
 
 // On paused time: the faulty simulator's lost answers cost timeouts.

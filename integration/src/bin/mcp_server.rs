@@ -35,7 +35,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use verified_tools::Context;
+use verified_tools::mcp::rmcp::ServiceExt as _;
 use verified_tools::mcp::{BearerToken, McpServer, Principal};
+
+#[path = "../conformance.rs"]
+mod conformance;
 use verified_tools::sim::{FaultLevel, FaultProfile, SimConfig, SimServer};
 use verified_tools_suite::llm::tool_set;
 use verified_tools_suite::tools::{SimClient, settle_margin};
@@ -67,6 +71,11 @@ struct Args {
     /// loopback names; repeatable.
     #[arg(long = "allowed-host", value_name = "HOST")]
     allowed_hosts: Vec<String>,
+    /// Serve the fixture tools of the official MCP conformance suite
+    /// (`@modelcontextprotocol/conformance server --url`) instead of the
+    /// simulator's.
+    #[arg(long)]
+    conformance: bool,
     /// Latency of every answered call, in milliseconds.
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
@@ -129,6 +138,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.conformance {
+        return report(runtime.block_on(serve_conformance(args, token)));
+    }
     let served = runtime.block_on(async {
         // The simulator keeps its clock from the runtime it starts in.
         let (server, _oracle) = SimServer::new(config);
@@ -173,11 +185,43 @@ fn main() -> ExitCode {
             }
         }
     });
+    report(served)
+}
+
+fn report(served: std::io::Result<()>) -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The conformance suite's fixture, over HTTP or stdio.
+async fn serve_conformance(args: Args, token: Option<String>) -> std::io::Result<()> {
+    let mut mcp = McpServer::new(conformance::fixture_tools())
+        .with_name("verified-tools-conformance", env!("CARGO_PKG_VERSION"));
+    if let Some(token) = token {
+        mcp = mcp.with_authenticator(BearerToken::new(token, Principal::new("token")));
+    }
+    let fixture = conformance::Conformance::new(mcp.clone());
+    match args.http {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            eprintln!(
+                "mcp_server: the conformance fixture over streamable HTTP at http://{}/mcp",
+                listener.local_addr()?
+            );
+            mcp.serve_http_of(listener, move || fixture.new_session()).await
+        }
+        None => {
+            eprintln!("mcp_server: the conformance fixture over stdio");
+            let running = fixture
+                .serve((tokio::io::stdin(), tokio::io::stdout()))
+                .await
+                .map_err(std::io::Error::other)?;
+            running.waiting().await.map(drop).map_err(std::io::Error::other)
         }
     }
 }

@@ -266,14 +266,14 @@ impl HttpLimits {
 }
 
 /// The open connections, in all and per peer.
-pub(crate) struct Connections {
+struct Connections {
     all: Arc<Semaphore>,
     per_peer: Mutex<HashMap<IpAddr, usize>>,
     max_per_peer: usize,
 }
 
 /// One admitted connection: its slots, given back on drop.
-pub(crate) struct Admitted {
+struct Admitted {
     _slot: tokio::sync::OwnedSemaphorePermit,
     peer: IpAddr,
     connections: Arc<Connections>,
@@ -292,7 +292,7 @@ impl Drop for Admitted {
 }
 
 impl Connections {
-    pub(crate) fn new(limits: &HttpLimits) -> Arc<Self> {
+    fn new(limits: &HttpLimits) -> Arc<Self> {
         Arc::new(Self {
             all: Arc::new(Semaphore::new(limits.max_connections)),
             per_peer: Mutex::new(HashMap::new()),
@@ -301,7 +301,7 @@ impl Connections {
     }
 
     /// A slot for a connection from `peer`, if both caps leave one.
-    pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Admitted> {
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Admitted> {
         let slot = Arc::clone(&self.all).try_acquire_owned().ok()?;
         let mut per_peer = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
         let n = per_peer.entry(peer).or_insert(0);
@@ -393,9 +393,39 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
+/// Accepts connections on `listener` and serves each with `service` under
+/// `limits`, until the task is dropped.
+pub(crate) async fn serve<S, M>(
+    listener: tokio::net::TcpListener,
+    service: super::HttpService<S, M>,
+    limits: HttpLimits,
+) -> io::Result<()>
+where
+    S: rmcp::ServerHandler + Send + 'static,
+    M: rmcp::transport::streamable_http_server::SessionManager,
+{
+    let connections = Connections::new(&limits);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of file descriptors: connections close and free some; a
+            // server that stopped here would stop for good.
+            Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // Over a cap: dropping the stream closes it, before any byte is
+        // read.
+        let Some(admitted) = connections.admit(peer.ip()) else { continue };
+        tokio::spawn(serve_connection(stream, service.clone(), limits, admitted));
+    }
+}
+
 /// Serves one accepted connection with `service` under `limits`, until
 /// it ends, its idle timeout passes, or the header timeout closes it.
-pub(crate) fn serve_connection<S>(
+fn serve_connection<S>(
     stream: tokio::net::TcpStream,
     service: S,
     limits: HttpLimits,

@@ -398,6 +398,21 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// timeouts and the connection caps are the accept loop's: mounted in
     /// another server, set them there.
     pub fn http_service(self) -> HttpService<Self, LocalSessionManager> {
+        // rmcp asks the factory once per session (at `initialize`): each
+        // HTTP session gets a session identity of its own.
+        let server = self.clone();
+        self.http_service_of(move || server.new_session())
+    }
+
+    /// [`http_service`](Self::http_service) for another handler (one that
+    /// wraps this server, adding what a tool set does not do), made by
+    /// `factory` once per session, under this server's HTTP settings:
+    /// origins, hosts, authentication, limits.
+    pub fn http_service_of<H, F>(&self, factory: F) -> HttpService<H, LocalSessionManager>
+    where
+        H: ServerHandler + Send + 'static,
+        F: Fn() -> H + Send + Sync + 'static,
+    {
         let http = self.http.clone();
         let mut config = StreamableHttpServerConfig::default()
             .with_allowed_origins(http.allowed_origins.iter().cloned())
@@ -406,10 +421,8 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         if let Some(hosts) = &http.allowed_hosts {
             config = config.with_allowed_hosts(hosts.iter().cloned());
         }
-        // rmcp asks the factory once per session (at `initialize`): each
-        // HTTP session gets a session identity of its own.
         let service = HttpService::new(StreamableHttpService::new(
-            move || Ok(self.new_session()),
+            move || Ok(factory()),
             Arc::new(LocalSessionManager::default()),
             config,
         ))
@@ -432,24 +445,25 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     /// process's or the system's file limit (those are waited out).
     pub async fn serve_http(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         let limits = self.http.limits;
-        let service = self.http_service();
-        let connections = http::Connections::new(&limits);
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                // Out of file descriptors: connections close and free
-                // some; a server that stopped here would stop for good.
-                Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            // Over a cap: dropping the stream closes it, before any byte
-            // is read.
-            let Some(admitted) = connections.admit(peer.ip()) else { continue };
-            tokio::spawn(http::serve_connection(stream, service.clone(), limits, admitted));
-        }
+        http::serve(listener, self.http_service(), limits).await
+    }
+
+    /// [`serve_http`](Self::serve_http) for another handler, as
+    /// [`http_service_of`](Self::http_service_of) makes it.
+    ///
+    /// # Errors
+    ///
+    /// As [`serve_http`](Self::serve_http).
+    pub async fn serve_http_of<H, F>(
+        &self,
+        listener: tokio::net::TcpListener,
+        factory: F,
+    ) -> std::io::Result<()>
+    where
+        H: ServerHandler + Send + 'static,
+        F: Fn() -> H + Send + Sync + 'static,
+    {
+        http::serve(listener, self.http_service_of(factory), self.http.limits).await
     }
 }
 

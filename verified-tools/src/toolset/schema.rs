@@ -162,25 +162,31 @@ const ANNOTATIONS: [&str; 8] = [
 /// }));
 /// ```
 pub fn portable(schema: &mut Value) {
+    // A boolean subschema (schemars writes `true` for a `serde_json::Value`)
+    // is valid JSON Schema, but clients that read a property's schema as an
+    // object (the TypeScript SDK refuses the whole `tools/list`) do not
+    // take it: `{}` and `{"not": {}}` say the same.
+    match schema {
+        Value::Bool(true) => *schema = json!({}),
+        Value::Bool(false) => *schema = json!({"not": {}}),
+        _ => {}
+    }
     let Value::Object(map) = schema else { return };
     for key in ["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"] {
         if let Some(Value::Object(schemas)) = map.get_mut(key) {
             schemas.values_mut().for_each(portable);
         }
     }
-    for key in [
-        "items",
-        "additionalProperties",
-        "additionalItems",
-        "unevaluatedItems",
-        "unevaluatedProperties",
-        "contains",
-        "propertyNames",
-        "not",
-        "if",
-        "then",
-        "else",
-    ] {
+    // Where `false` is the idiom (no other properties, no other items),
+    // booleans stay: every client reads them there.
+    for key in
+        ["additionalProperties", "additionalItems", "unevaluatedItems", "unevaluatedProperties"]
+    {
+        if let Some(schema @ Value::Object(_)) = map.get_mut(key) {
+            portable(schema);
+        }
+    }
+    for key in ["items", "contains", "propertyNames", "not", "if", "then", "else"] {
         match map.get_mut(key) {
             Some(Value::Array(schemas)) => schemas.iter_mut().for_each(portable),
             Some(schema @ Value::Object(_)) => portable(schema),
@@ -432,8 +438,11 @@ mod tests {
                     "description": "Either."
                 },
                 "one": {"type": ["boolean"]},
-                "format": {"type": "string"}
+                "format": {"type": "string"},
+                "any": true,
+                "none": false
             },
+            "additionalProperties": false,
             "$defs": {"Node": {"type": ["object", "null"], "properties": {}}}
         });
         portable(&mut schema);
@@ -455,8 +464,11 @@ mod tests {
                         "description": "Either."
                     },
                     "one": {"type": "boolean"},
-                    "format": {"type": "string"}
+                    "format": {"type": "string"},
+                    "any": {},
+                    "none": {"not": {}}
                 },
+                "additionalProperties": false,
                 "$defs": {"Node": {"anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]}}
             })
         );
