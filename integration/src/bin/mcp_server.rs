@@ -6,6 +6,8 @@
 //! cargo run -p integration --bin mcp_server -- --http 127.0.0.1:8080 # streamable HTTP at /mcp
 //! VT_MCP_TOKEN=s3cret cargo run -p integration --bin mcp_server -- --http 0.0.0.0:8080 \
 //!     --allowed-host mcp.example:8080                                 # bearer token required
+//! cargo run -p integration --bin mcp_server -- --conformance --http 127.0.0.1:8080
+//!                                         # the MCP conformance suite's fixture (.ci/conformance.sh)
 //! ```
 //!
 //! Over HTTP, a client must send `Authorization: Bearer $VT_MCP_TOKEN` when
