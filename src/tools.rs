@@ -103,6 +103,7 @@ impl SimClient {
 /// Creates the customer (status PENDING).
 #[verified_tool(
     side_effect = "high",
+    effect = "additive",
     verify = customer_exists,
     skip(client),
     key(customer),
@@ -130,6 +131,7 @@ async fn customer_exists(
 /// Activates the customer, if it is still at `expected_version`.
 #[verified_tool(
     side_effect = "high",
+    effect = "overwrite",
     verify = customer_active,
     skip(client),
     schema = true,
@@ -170,6 +172,7 @@ async fn customer_active(
 /// Sends the customer's welcome message.
 #[verified_tool(
     side_effect = "high",
+    effect = "additive",
     verify = exactly_one_welcome,
     skip(client),
     key(customer),
@@ -205,6 +208,7 @@ async fn exactly_one_welcome(
 /// Writes the invoice id and amount into the row.
 #[verified_tool(
     side_effect = "high",
+    effect = "overwrite",
     verify = row_written,
     skip(client),
     schema = true,
@@ -239,6 +243,7 @@ async fn row_written(
 /// Creates the record (status DRAFT) with its required fields.
 #[verified_tool(
     side_effect = "high",
+    effect = "additive",
     verify = record_created,
     skip(client),
     key(record),
@@ -275,6 +280,7 @@ async fn record_created(
 /// partial `create_record`), as a new logical call with its own key.
 #[verified_tool(
     side_effect = "high",
+    effect = "overwrite",
     verify = record_fields_filled,
     skip(client),
     schema = true,
@@ -319,6 +325,7 @@ async fn record_fields_filled(
 /// Sets the record RECORDED, if it is still at `expected_version`.
 #[verified_tool(
     side_effect = "high",
+    effect = "overwrite",
     verify = record_recorded,
     skip(client),
     schema = true,

@@ -478,6 +478,10 @@ fn spec(tool: &Tool) -> TokenStream {
         .collect();
     let effect_key =
         (!effect_names.is_empty()).then(|| quote!(.with_effect_key(&[#(#effect_names),*])));
+    let effect_kind = tool.effect.map(|variant| {
+        let variant = Ident::new(variant, Span::call_site());
+        quote!(.with_effect_kind(::verified_tools::EffectKind::#variant))
+    });
     let params =
         tool.func.params.iter().enumerate().filter(|(_, p)| p.is_argument()).map(|(i, p)| {
             let name = p.ident.as_ref().map(|i| i.unraw().to_string()).unwrap_or_default();
@@ -489,7 +493,7 @@ fn spec(tool: &Tool) -> TokenStream {
     quote! {
         ::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::#variant)
             #description #verifier #retries #timeout #call_timeout #settle #bucket #verify_response
-            #effect_key
+            #effect_key #effect_kind
             .with_params(&[#(#params),*])
     }
 }

@@ -22,6 +22,7 @@ use crate::ctxt::Ctxt;
 /// Every argument the attribute accepts, in the order the docs list them.
 pub(crate) const ARGUMENTS: &[&str] = &[
     "side_effect",
+    "effect",
     "verify",
     "classify",
     "retries",
@@ -40,6 +41,9 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "schema",
     "params",
 ];
+
+/// The effect kinds, as written in `effect = "..."`.
+pub(crate) const EFFECT_KINDS: &[&str] = &["additive", "overwrite", "delete"];
 
 /// The side-effect classes, as written in `side_effect = "..."`.
 pub(crate) const CLASSES: &[&str] = &["none", "low", "high", "irreversible"];
@@ -108,6 +112,8 @@ pub(crate) struct Args {
     /// Whether `side_effect` was written at all (even with a bad value).
     pub side_effect_given: bool,
     pub side_effect: Option<SideEffectArg>,
+    /// `effect = "overwrite"`: the variant of `verified_tools::EffectKind`.
+    pub effect: Option<&'static str>,
     pub verify: Option<syn::Path>,
     pub classify: Option<syn::Path>,
     pub retries: Option<u32>,
@@ -240,6 +246,29 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                                 format!(
                                     "unknown side effect \"{written}\"; {hint}expected one of: \
                                      \"none\", \"low\", \"high\", \"irreversible\""
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            "effect" => {
+                if let Some(lit) = string_value(&key, value, "effect = \"overwrite\"", cx) {
+                    let written = lit.value();
+                    match written.as_str() {
+                        "additive" => args.effect = Some("Additive"),
+                        "overwrite" => args.effect = Some("Overwrite"),
+                        "delete" => args.effect = Some("Delete"),
+                        _ => {
+                            let hint = suggest(&written, EFFECT_KINDS)
+                                .map(|s| format!("did you mean \"{s}\"? "))
+                                .unwrap_or_default();
+                            cx.error(
+                                lit.span(),
+                                format!(
+                                    "unknown effect \"{written}\"; {hint}expected one of: \
+                                     \"additive\" (adds, changes nothing there), \"overwrite\" \
+                                     (replaces a value), \"delete\" (removes)"
                                 ),
                             );
                         }

@@ -12,6 +12,8 @@ use crate::parse::{self, Args, Class, Injected, NameList, ToolFn};
 pub(crate) struct Tool {
     pub func: ToolFn,
     pub class: Class,
+    /// `effect = ".."`: the variant of `verified_tools::EffectKind`.
+    pub effect: Option<&'static str>,
     /// Action name in keys, audit and the descriptor.
     pub name: String,
     pub verify: Option<syn::Path>,
@@ -167,6 +169,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
                 .map_or_else(|| func.item.sig.ident.unraw().to_string(), LitStr::value),
             func,
             class,
+            effect: args.effect,
             verify: args.verify,
             classify: args.classify,
             retries: args.retries,

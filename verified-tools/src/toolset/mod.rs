@@ -9,9 +9,9 @@
 //! - `ToolSet` (feature `schema`): built from the `<name>_tool()`
 //!   descriptors of `#[verified_tool(schema = true)]` tools and their
 //!   shared state; lists them as OpenAI, Anthropic or MCP tools
-//!   (`mcp_annotations` from the side-effect class); dispatches a call
-//!   by name, with the provider's tool-call id as the identity of the
-//!   logical call.
+//!   (`mcp_annotations` from what a tool declares: its class, effect kind
+//!   and effect identity); dispatches a call by name, with the provider's
+//!   tool-call id as the request identity of the logical call.
 //! - `verified_tools::mcp` (feature `mcp`) serves a tool set over MCP.
 //!
 //! # Hostile arguments
