@@ -15,6 +15,29 @@ use tokio::time::Instant;
 
 use crate::ledger::Settle;
 
+#[cfg(feature = "reqwest")]
+mod reqwest;
+#[cfg(feature = "reqwest")]
+pub use self::reqwest::DeadlineExt;
+
+/// The HTTP request header [`Deadline::http_header`] forwards the time left
+/// in: `Connect-Timeout-Ms`, milliseconds as a positive integer of at most
+/// ten digits (lowercase here, as HTTP/2 sends header names).
+///
+/// No standard HTTP header carries a client's deadline: the IETF drafts
+/// of a `Timeout` and a `Request-Timeout` header (2010–2011, in seconds,
+/// for long polling) expired, and gRPC's `grpc-timeout` ([`Deadline::grpc_timeout`]) belongs
+/// to gRPC. The Connect protocol's header is the published convention
+/// for plain HTTP/1.1 and HTTP/2 requests, with the meaning a deadline
+/// needs (the server stops working on the request when it runs out;
+/// connect-go and connect-es servers honour it as they are) and the
+/// precision attempts need (milliseconds, where a header in seconds
+/// would round a 1.5 s attempt to 1 s or 2 s). A service that reads
+/// another name (Envoy's `x-envoy-upstream-rq-timeout-ms`, its own
+/// `X-Timeout-Ms`) takes the same value: `DeadlineExt::with_deadline_as`
+/// (feature `reqwest`), or `(name, deadline.http_timeout())`.
+pub const TIMEOUT_HEADER: &str = "connect-timeout-ms";
+
 /// The deadline of one attempt: the tool may forward it to a server that
 /// honours deadlines (a gRPC deadline, an HTTP header, PostgreSQL's
 /// `statement_timeout`), so that the server drops the request rather than
@@ -78,6 +101,35 @@ impl Deadline {
     pub fn grpc_timeout(self) -> GrpcTimeout {
         GrpcTimeout(self.remaining().as_millis().clamp(1, 99_999_999) as u64)
     }
+
+    /// The time left as an HTTP request header: [`TIMEOUT_HEADER`]
+    /// (`connect-timeout-ms`) and [`http_timeout`](Self::http_timeout), for
+    /// any HTTP client. With reqwest (feature `reqwest`),
+    /// `DeadlineExt::with_deadline` sets it and the request's own timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use verified_tools::Deadline;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let deadline = Deadline::after(Duration::from_millis(1500));
+    /// let (name, value) = deadline.http_header();
+    /// assert_eq!((name, value.to_string().as_str()), ("connect-timeout-ms", "1500"));
+    /// // Any client: `request.header(name, value.as_millis())`.
+    /// assert_eq!(value.as_duration(), Duration::from_millis(1500));
+    /// # }
+    /// ```
+    pub fn http_header(self) -> (&'static str, HttpTimeout) {
+        (TIMEOUT_HEADER, self.http_timeout())
+    }
+
+    /// The time left in whole milliseconds, rounded down (the server gives
+    /// up no later than the client), at least 1 ms (a passed deadline still
+    /// reads as one the server must drop at once, not as "no limit"), at
+    /// most ten digits (about 115 days).
+    pub fn http_timeout(self) -> HttpTimeout {
+        HttpTimeout(self.remaining().as_millis().clamp(1, 9_999_999_999) as u64)
+    }
 }
 
 impl PartialEq for Deadline {
@@ -119,6 +171,30 @@ pub struct GrpcTimeout(u64);
 impl fmt::Display for GrpcTimeout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}m", self.0)
+    }
+}
+
+/// A `connect-timeout-ms` header value, in milliseconds; see
+/// [`Deadline::http_header`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HttpTimeout(u64);
+
+impl HttpTimeout {
+    /// The milliseconds, as the header's value.
+    pub const fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// The same time as a `Duration`: what a client's own timeout should
+    /// be, so that it gives up when it told the server to.
+    pub const fn as_duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+impl fmt::Display for HttpTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
     }
 }
 
