@@ -43,7 +43,7 @@ use verified_tools::audit::JsonLinesAudit;
 use verified_tools::deadline::{DeadlineExt as _, TIMEOUT_HEADER};
 use verified_tools::escalation::{MemoryEscalations, Ticket};
 use verified_tools::ledger::SqliteLedger;
-use verified_tools::toolset::{CHECK_TOOL, ToolOutcome, ToolSet, parse_arguments};
+use verified_tools::toolset::{CHECK_TOOL, ToolOutcome, ToolSet};
 use verified_tools::{Context, Deadline, IdempotencyKey, Verdict, verified_tool};
 
 // ---------------------------------------------------------------------------
@@ -218,17 +218,7 @@ async fn conversation(
 ) -> Result<Vec<(String, String, ToolOutcome)>, Box<dyn Error>> {
     let mut calls = Vec::new();
     let mut ask = async |id: &str, tool: &str, arguments: &str| -> std::io::Result<ToolOutcome> {
-        let outcome = if tool == CHECK_TOOL {
-            // `call_text` answers `no_such_tool` for the check tool (it
-            // looks the name up among the set's own tools): parse the text
-            // as it does, and `call`, which knows `check_call`.
-            match parse_arguments(CHECK_TOOL, arguments) {
-                Ok(arguments) => tools.call(tool, &arguments, id).await,
-                Err(error) => ToolOutcome::invalid_arguments(&error),
-            }
-        } else {
-            tools.call_text(tool, arguments, id).await
-        };
+        let outcome = tools.call_text(tool, arguments, id).await;
         let proof =
             outcome.proof.map(|p| format!(" ({})", serde_json::json!(p).as_str().unwrap_or("")));
         writeln!(

@@ -70,7 +70,7 @@ async fn quickstart_sends_once_and_replays_the_repeat() {
     else {
         panic!("both calls succeed");
     };
-    assert_eq!((p1, p2), (Proof::Response, Proof::Ledger));
+    assert_eq!((p1, p2), (Proof::Verifier, Proof::Ledger));
     assert_eq!((k1, v1), (k2, v2), "the repeat is the same call, replayed");
     assert_eq!(mailer.sent(), 1, "one mail");
 }
@@ -247,7 +247,7 @@ async fn mcp_stdio_lists_and_calls_its_tools() {
     let opened = host.call(3, "open_ticket", ticket.clone(), "call_1").await;
     assert_eq!(opened["isError"], false, "{opened}");
     let outcome = &opened["structuredContent"];
-    assert_eq!((&outcome["status"], &outcome["proof"]), (&json!("success"), &json!("response")));
+    assert_eq!((&outcome["status"], &outcome["proof"]), (&json!("success"), &json!("verifier")));
     assert_eq!(outcome["value"], json!({"id": 1, "customer": 7, "title": "Cannot log in"}));
 
     // The same ticket asked for in another tool call: replayed, not opened.

@@ -300,7 +300,8 @@ async fn a_call_in_doubt_is_checked_by_key_and_nothing_is_sent_again() {
     assert_eq!(still.status, Status::Escalated, "{still:?}");
     // Readable: the truth, recorded; the call is closed.
     bank.blind.store(false, Ordering::SeqCst);
-    let truth = set.call("check_call", &check, "call_C").await;
+    // As a model writes it: the arguments as text.
+    let truth = set.call_text("check_call", &check.to_string(), "call_C").await;
     assert_eq!((truth.status, truth.proof), (Status::Success, Some(Proof::Verifier)), "{truth:?}");
     assert_eq!(truth.key, Some(key));
     assert_eq!(bank.charges(), 1);

@@ -260,10 +260,14 @@ impl<S: Sync> ToolSet<S> {
     /// an object that gives a field twice (at any depth), are argument
     /// errors naming the field; an empty text reads as `{}`.
     pub async fn call_text(&self, name: &str, arguments: &str, tool_call_id: &str) -> ToolOutcome {
-        let Some(tool) = self.get(name) else { return self.no_such_tool(name) };
+        let tool = match self.get(name) {
+            Some(tool) => tool.name(),
+            None if self.lists(name) => CHECK_TOOL,
+            None => return self.no_such_tool(name),
+        };
         // One parse that refuses a field given twice: with serde_json's
         // last-wins, the audited arguments and the executed ones could differ.
-        match super::args::parse_arguments(tool.name(), arguments) {
+        match super::args::parse_arguments(tool, arguments) {
             Ok(arguments) => self.call(name, &arguments, tool_call_id).await,
             Err(error) => ToolOutcome::invalid_arguments(&error),
         }
@@ -378,7 +382,8 @@ impl<S: Sync> ToolSet<S> {
     }
 
     fn no_such_tool(&self, name: &str) -> ToolOutcome {
-        ToolOutcome::no_such_tool(name, self.names())
+        let check = self.checks.as_ref().map(|_| CHECK_TOOL);
+        ToolOutcome::no_such_tool(name, self.names().chain(check))
     }
 }
 
