@@ -125,7 +125,7 @@ mod calls {
     pub static CHARGE: ToolSpec = ToolSpec::new("charge_card", SideEffect::High).with_verifier();
 
     /// The payment service as the agent sees it: whether an answer is lost,
-    /// and what its verifier can see.
+    /// and what its verifier can see (a charge that answered is visible).
     pub struct Service {
         pub dispatched: AtomicU32,
         pub verified: AtomicU32,
@@ -175,6 +175,9 @@ mod calls {
             |_attempt| {
                 service.dispatched.fetch_add(1, Ordering::SeqCst);
                 let lost = *service.answer_lost.lock().unwrap();
+                if !lost {
+                    *service.visible.lock().unwrap() = Verdict::Holds(4242);
+                }
                 async move { if lost { Err(io::ErrorKind::TimedOut.into()) } else { Ok(4242u64) } }
             },
             Some(|_key| {
@@ -354,10 +357,11 @@ mod sqlite {
         assert_eq!((&record["state"], &record["attempts"]), (&"settled".into(), &0.into()));
         assert_eq!(record["settles_in_ms"], 0);
 
-        // The repeat believes the `Absent` at once and has its attempt again.
+        // The repeat believes the `Absent` at once and has its attempt again,
+        // whose OK answer it reads back (a high tool's default).
         let done = rt.block_on(charge(&cx, ledger(&db), &service));
         assert!(
-            matches!(done, ToolResult::Success { value: 4242, proof: Proof::Response, key: k } if k == key),
+            matches!(done, ToolResult::Success { value: 4242, proof: Proof::Verifier, key: k } if k == key),
             "{done:?}"
         );
         assert_eq!(service.dispatched(), 2);

@@ -173,9 +173,10 @@ async fn the_model_recovers_from_its_mistakes_and_nothing_runs_twice() {
     let unknown = tool_result(&requests[3], "call_3");
     assert_eq!(unknown["status"], "no_such_tool");
     assert!(unknown["instruction"].as_str().unwrap().contains("`create_customer`"));
-    // The call, then the same tool-call id again: replayed, same key.
+    // The call (its OK answer read back, as for every high tool), then the
+    // same tool-call id again: replayed, same key.
     let created = tool_result(&requests[4], "call_4");
-    assert_eq!((&created["status"], &created["proof"]), (&json!("success"), &json!("response")));
+    assert_eq!((&created["status"], &created["proof"]), (&json!("success"), &json!("verifier")));
     let replayed = tool_result(&requests[5], "call_4");
     assert_eq!(replayed["proof"], "ledger");
     assert_eq!(replayed["key"], created["key"]);

@@ -104,6 +104,23 @@ async fn is_active(svc: &Service, customer: &u64) -> Verdict<u64> {
     svc.is_applied(*customer)
 }
 
+/// Same as `activate`, opted out of reading its verifier after an `Ok`
+/// answer: the test of an answer believed.
+#[verified_tool(
+    side_effect = "high",
+    verify = is_active,
+    skip(svc),
+    timeout = "2s",
+    verify_response = false
+)]
+async fn activate_believed(
+    svc: &Service,
+    customer: u64,
+    key: IdempotencyKey,
+) -> Result<u64, SvcError> {
+    svc.activate(key, customer).await
+}
+
 #[verified_tool(side_effect = "high", verify = is_active, skip(svc), timeout = "2s", retries = 3)]
 async fn activate_3(svc: &Service, customer: u64, key: IdempotencyKey) -> Result<u64, SvcError> {
     svc.activate(key, customer).await
@@ -227,8 +244,9 @@ async fn timeout_after_apply_is_verified_not_retried() {
 async fn absent_retries_once_with_the_same_key() {
     let svc = Service::with_faults(&[Fault::TimeoutBeforeApply]);
     let result = activate(&context(), &svc, 7).await;
+    // The retry's OK answer is read back (a high tool's default).
     assert!(
-        matches!(result, ToolResult::Success { value: 7, proof: Proof::Response, .. }),
+        matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }),
         "{result:?}"
     );
     let keys = svc.dispatch_keys();
@@ -236,6 +254,7 @@ async fn absent_retries_once_with_the_same_key() {
     assert_eq!(keys[0], keys[1], "both attempts carry the same key");
     assert_eq!(Some(keys[0]), result.key());
     assert_eq!(svc.effects(), 1);
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 2, "Absent, then the OK's");
 }
 
 #[tokio::test(start_paused = true)]
@@ -314,10 +333,15 @@ async fn verify_response_confirms_an_ok() {
     let result = activate_secret(&context(), &svc, 7, "t", "l".to_owned()).await;
     assert!(result.is_success());
     assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
-    // Without it, an Ok answer is believed.
+    // Left out, a high tool confirms it too (the class default).
     let svc = Service::default();
     let result = activate(&context(), &svc, 7).await;
-    assert!(matches!(result, ToolResult::Success { proof: Proof::Response, .. }));
+    assert!(matches!(result, ToolResult::Success { proof: Proof::Verifier, .. }), "{result:?}");
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
+    // verify_response = false: an Ok answer is believed.
+    let svc = Service::default();
+    let result = activate_believed(&context(), &svc, 7).await;
+    assert!(matches!(result, ToolResult::Success { proof: Proof::Response, .. }), "{result:?}");
     assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 0);
 }
 
@@ -409,14 +433,15 @@ async fn verify_key_hands_the_call_s_key_to_the_verifier() {
     assert!(matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }));
     assert_eq!(svc.dispatch_keys().len(), 1);
 
-    // Lost before applying: no request with that key, so one retry, same key.
+    // Lost before applying: no request with that key, so one retry, same key,
+    // whose OK answer the verifier finds by that key too.
     let svc = Service::with_faults(&[Fault::TimeoutBeforeApply]);
     let result = activate_by_key(&context(), &svc, 7).await;
-    assert!(result.is_success(), "{result:?}");
+    assert!(matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }));
     let keys = svc.dispatch_keys();
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1]);
-    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(svc.verifier_reads.load(Ordering::SeqCst), 2, "Absent, then the OK's");
 }
 
 #[tokio::test(start_paused = true)]
@@ -541,12 +566,14 @@ fn classify_http(error: &HttpError) -> ErrorClass {
 }
 
 /// An HTTP API: each dispatch answers the next queued status (then 200),
-/// the verifier answers `verdict`.
+/// the verifier answers `verdict` until a post has answered 200, and the
+/// post's value after it (what the 200 did).
 struct Api {
     statuses: Mutex<VecDeque<u16>>,
     dispatches: AtomicU32,
     reads: AtomicU32,
     verdict: Verdict<u64>,
+    posted: Mutex<Option<u64>>,
 }
 
 impl Api {
@@ -556,6 +583,7 @@ impl Api {
             dispatches: AtomicU32::new(0),
             reads: AtomicU32::new(0),
             verdict,
+            posted: Mutex::new(None),
         }
     }
 }
@@ -571,26 +599,33 @@ async fn post(api: &Api, id: u64) -> Result<u64, HttpError> {
     api.dispatches.fetch_add(1, Ordering::SeqCst);
     match api.statuses.lock().unwrap().pop_front() {
         Some(status) => Err(HttpError { status }),
-        None => Ok(id),
+        None => {
+            *api.posted.lock().unwrap() = Some(id);
+            Ok(id)
+        }
     }
 }
 
 async fn api_posted(api: &Api, _id: &u64) -> Verdict<u64> {
     api.reads.fetch_add(1, Ordering::SeqCst);
-    api.verdict
+    match *api.posted.lock().unwrap() {
+        Some(id) => Verdict::Holds(id),
+        None => api.verdict,
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn classify_fn_drives_the_engine_for_an_error_without_classify() {
-    // NotSent: retried at once, never verified.
+    // NotSent: retried at once, never verified; the one read is the OK's
+    // (a high tool's default).
     let api = Api::new(&[503, 503], Verdict::Absent);
     let result = post(&context(), &api, 1).await;
     assert!(
-        matches!(result, ToolResult::Success { value: 1, proof: Proof::Response, .. }),
+        matches!(result, ToolResult::Success { value: 1, proof: Proof::Verifier, .. }),
         "{result:?}"
     );
     assert_eq!(api.dispatches.load(Ordering::SeqCst), 3);
-    assert_eq!(api.reads.load(Ordering::SeqCst), 0);
+    assert_eq!(api.reads.load(Ordering::SeqCst), 1);
 
     // Ambiguous: the verifier decides, nothing is sent again.
     let api = Api::new(&[500], Verdict::Holds(2));

@@ -241,7 +241,8 @@ async fn calls_dispatch_by_name_and_replay_by_tool_call_id() {
     let args = json!({"id": 7, "name": "Ada"});
     let first = set.call("create_customer", &args, "call_1").await;
     assert_eq!(first.status, Status::Success, "{first:?}");
-    assert_eq!(first.proof, Some(Proof::Response));
+    // A high tool's OK answer is read back: the value is the verifier's.
+    assert_eq!(first.proof, Some(Proof::Verifier));
     assert_eq!(first.value, Some(json!({"id": 7, "name": "Ada", "tier": "free"})));
     assert_eq!(set.state().crm.dispatches(), 1);
 
@@ -254,7 +255,7 @@ async fn calls_dispatch_by_name_and_replay_by_tool_call_id() {
 
     // Another tool call with the same arguments is another logical call.
     let other = set.call("create_customer", &args, "call_2").await;
-    assert_eq!(other.proof, Some(Proof::Response));
+    assert_eq!(other.proof, Some(Proof::Verifier));
     assert_ne!(other.key, first.key);
     assert_eq!(set.state().crm.dispatches(), 2);
 

@@ -9,10 +9,17 @@ use crate::{IdempotencyKey, Verdict};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Proof {
-    /// The tool answered `Ok`.
+    /// The tool answered `Ok`, and the answer was believed without a
+    /// verifier read: a `none` or `low` tool, a tool without a verifier, one
+    /// that opted out of
+    /// [`verify_response`](crate::RetryPolicy::verify_response), or any tool
+    /// in [`Mode::RetryOnly`](crate::Mode::RetryOnly).
     Response,
-    /// The response was lost or ambiguous, and the verifier saw the
-    /// postcondition hold.
+    /// The verifier saw the postcondition hold: after a lost or ambiguous
+    /// response, or after an `Ok` answer that it confirmed (the default for
+    /// `high` and `irreversible` tools, see
+    /// [`RetryPolicy::verify_response`](crate::RetryPolicy::verify_response)).
+    /// The value is the verifier's.
     Verifier,
     /// An earlier call with the same key succeeded; its recorded outcome was
     /// returned and nothing was executed.

@@ -20,6 +20,9 @@ static LOW: ToolSpec = ToolSpec::new("save_draft", SideEffect::Low);
 static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::Irreversible).with_verifier();
 static CONFIRM: ToolSpec =
     ToolSpec::new("record", SideEffect::High).with_verifier().with_verify_response(true);
+// Opted out: these tests are about an OK answer being believed.
+static BELIEVE: ToolSpec =
+    ToolSpec::new("send_welcome", SideEffect::High).with_verifier().with_verify_response(false);
 
 type Out = ToolResult<u32, FakeError>;
 
@@ -66,7 +69,7 @@ fn cx() -> Context {
 #[tokio::test(start_paused = true)]
 async fn ok_response_is_a_success_without_verifying() {
     let fake = Fake::new(&[Attempt::Ok], &[]);
-    let r = run(&cx(), &HIGH, &fake).await;
+    let r = run(&cx(), &BELIEVE, &fake).await;
     assert!(matches!(r, ToolResult::Success { value: 1, proof: Proof::Response, .. }), "{r:?}");
     assert_eq!(fake.reads(), 0);
 }
@@ -84,13 +87,16 @@ async fn timeout_after_apply_is_verified_not_retried() {
 async fn confirmed_absent_is_retried_once_with_the_same_key() {
     let fake = Fake::new(&[Attempt::TimeoutLost, Attempt::Ok], &[]);
     let r = run(&cx(), &HIGH, &fake).await;
-    assert!(matches!(r, ToolResult::Success { proof: Proof::Response, .. }), "{r:?}");
+    assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
     let keys = fake.dispatches();
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1]);
     assert_eq!(r.key(), Some(keys[0]));
-    // The retry came right after an Absent read.
-    assert_eq!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(keys[0])]);
+    // The retry came right after an Absent read; its OK answer was read back.
+    assert_eq!(
+        fake.log()[1..],
+        [Event::Read(Verdict::Absent), Event::Dispatch(keys[0]), Event::Read(Verdict::Holds(()))]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -156,10 +162,18 @@ async fn conflicts_are_rechecked_before_a_retry() {
     let r = run(&cx(), &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
     let log = fake.log();
-    assert!(matches!(
-        log[..],
-        [Event::Dispatch(_), Event::Read(Verdict::Absent), Event::Dispatch(_)]
-    ));
+    assert!(
+        matches!(
+            log[..],
+            [
+                Event::Dispatch(_),
+                Event::Read(Verdict::Absent),
+                Event::Dispatch(_),
+                Event::Read(Verdict::Holds(()))
+            ]
+        ),
+        "{log:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -269,9 +283,9 @@ async fn partial_success_that_answers_ok_is_caught_when_responses_are_verified()
     let r = run(&cx(), &CONFIRM, &fake).await;
     assert!(matches!(r, ToolResult::Success { proof: Proof::Verifier, .. }), "{r:?}");
 
-    // Without confirmation the partial OK is taken at its word.
+    // Without confirmation (opted out) the partial OK is taken at its word.
     let fake = Fake::new(&[Attempt::PartialOk], &[]);
-    let r = run(&cx(), &HIGH, &fake).await;
+    let r = run(&cx(), &BELIEVE, &fake).await;
     assert!(r.is_success());
     assert!(!fake.holds());
 }
@@ -316,7 +330,7 @@ async fn ledger_replays_a_completed_call() {
     assert_eq!(fake.dispatches().len(), 1);
     // Another step is another logical call.
     let third = run(&cx.for_step("run", 2), &HIGH, &fake).await;
-    assert!(matches!(third, ToolResult::Success { proof: Proof::Response, .. }));
+    assert!(matches!(third, ToolResult::Success { proof: Proof::Verifier, .. }), "{third:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -353,7 +367,7 @@ async fn in_flight_duplicates_wait_or_are_refused() {
     let fake = Fake::new(&[], &[]);
     let cx = cx.for_step("run", 2);
     let (a, b) = tokio::join!(run(&cx, &HIGH, &fake), run(&cx, &HIGH, &fake));
-    assert!(matches!(a, ToolResult::Success { proof: Proof::Response, .. }));
+    assert!(matches!(a, ToolResult::Success { proof: Proof::Verifier, .. }), "{a:?}");
     assert!(matches!(b, ToolResult::Success { proof: Proof::Ledger, .. }), "{b:?}");
     assert_eq!(fake.dispatches().len(), 1);
 }
@@ -368,14 +382,16 @@ async fn a_cancelled_call_is_verified_before_the_next_dispatch() {
     let r = run(&cx, &HIGH, &fake).await;
     assert!(r.is_success(), "{r:?}");
     // The second call read the state before dispatching: first before the
-    // dropped attempt's deadline (not believed), then after it.
+    // dropped attempt's deadline (not believed), then after it; then it read
+    // its OK answer back.
     let log = fake.log();
     assert_eq!(
         log[1..],
         [
             Event::Read(Verdict::Absent),
             Event::Read(Verdict::Absent),
-            Event::Dispatch(log_key(&log))
+            Event::Dispatch(log_key(&log)),
+            Event::Read(Verdict::Holds(()))
         ],
         "{log:?}"
     );
@@ -400,7 +416,15 @@ async fn audit_records_every_transition_and_args_once() {
     use CallState::*;
     assert_eq!(
         audit.states(),
-        [Planned, Dispatched, PendingVisibility, PendingVisibility, Dispatched, VerifiedSuccess]
+        [
+            Planned,
+            Dispatched,
+            PendingVisibility,
+            PendingVisibility,
+            Dispatched,
+            PendingVisibility,
+            VerifiedSuccess
+        ]
     );
     let events = audit.events();
     assert_eq!(events[0].args.as_deref(), Some("[42]"));
@@ -413,9 +437,12 @@ async fn audit_records_every_transition_and_args_once() {
     assert_eq!(json[2]["error_class"], "ambiguous");
     assert_eq!(json[3]["verdict"], "absent");
     assert_eq!(json[3]["settled"], true);
-    assert_eq!(json[5]["outcome"], "success");
-    assert_eq!(json[5]["proof"], "response");
-    assert!(json[5]["elapsed_ms"].as_u64().unwrap() > 0);
+    // The OK answer of the retry, read back.
+    assert_eq!(json[5]["verdict"], "holds");
+    assert_eq!(json[5]["settled"], true);
+    assert_eq!(json[6]["outcome"], "success");
+    assert_eq!(json[6]["proof"], "verifier");
+    assert!(json[6]["elapsed_ms"].as_u64().unwrap() > 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -484,7 +511,11 @@ fn json_lines_audit_loses_no_line_on_a_clean_shutdown() {
     // Dropping the last handle writes what is queued before it returns.
     drop(Arc::into_inner(sink).expect("sole owner"));
     let lines = String::from_utf8(out.0.lock().unwrap().clone()).unwrap().lines().count();
-    assert_eq!(lines, 200 * 3, "planned, dispatched, verified_success per call");
+    assert_eq!(
+        lines,
+        200 * 4,
+        "planned, dispatched, pending_visibility, verified_success per call"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -515,7 +546,7 @@ async fn ledger_records_expire_after_their_ttl() {
     assert!(ledger.is_empty());
     assert!(matches!(
         run(&cx, &HIGH, &fake).await,
-        ToolResult::Success { proof: Proof::Response, .. }
+        ToolResult::Success { proof: Proof::Verifier, .. }
     ));
     assert_eq!(fake.dispatches().len(), 2);
 }
@@ -595,11 +626,19 @@ async fn a_key_held_by_a_crashed_call_is_taken_over_in_doubt_after_its_lease() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let early = run(&cx, &HIGH, &fake).await;
     assert!(matches!(early, ToolResult::Refused(CallError::InProgress { .. })), "{early:?}");
-    // Past the lease: taken over, verified first (Absent), then dispatched.
+    // Past the lease: taken over, verified first (Absent), then dispatched,
+    // and its OK answer read back.
     tokio::time::sleep(Duration::from_secs(60)).await;
     let late = run(&cx, &HIGH, &fake).await;
     assert!(late.is_success(), "{late:?}");
-    assert!(matches!(fake.log()[1..], [Event::Read(Verdict::Absent), Event::Dispatch(_)]));
+    let log = fake.log();
+    assert!(
+        matches!(
+            log[1..],
+            [Event::Read(Verdict::Absent), Event::Dispatch(_), Event::Read(Verdict::Holds(()))]
+        ),
+        "{log:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -269,6 +269,9 @@ fn check_shape(span: &SpanData, audit: &[serde_json::Value]) -> Vec<String> {
 fn a_success_by_response_is_ok_with_integer_attempts() {
     let mailer = Mailer::scripted(&[Step::Answer]);
     let (result, out) = exported(true, |cx| async move {
+        // Opted out of reading back the OK answer: this is the span of a success by response.
+        let believing = cx.policy(SideEffect::High).with_verify_response(false);
+        let cx = cx.with_policy(SideEffect::High, believing);
         send_welcome(&cx.for_tool_call("call_Zx81"), &mailer, 42, TOKEN).await
     });
     assert!(matches!(result, ToolResult::Success { proof: Proof::Response, .. }), "{result:?}");

@@ -427,9 +427,10 @@ async fn a_server_honouring_the_deadline_cancels_the_late_attempt_and_the_retry_
     for (payment, result) in (0..AT_ONCE).zip(&results) {
         assert_eq!(rows.get(&payment), Some(&1), "payment {payment}: {result:?}");
         assert_eq!(db.dispatches(payment), 2, "payment {payment}: {result:?}");
-        // The second attempt answered; without the cancellation the first
-        // would have committed after it, as in the control.
-        let ToolResult::Success { value, proof: Proof::Response, .. } = result else {
+        // The second attempt answered (and its OK was read back, a high
+        // tool's default); without the cancellation the first would have
+        // committed after it, as in the control.
+        let ToolResult::Success { value, proof: Proof::Verifier, .. } = result else {
             panic!("payment {payment}: {result:?}");
         };
         assert_eq!(*value, db.id(payment).await, "payment {payment}");
@@ -513,17 +514,11 @@ impl Link {
         }
     }
 
-    /// How `payment` should end, given `retries`: the proof of its success,
-    /// or `None` when every request the budget allows was lost.
-    fn expected(&self, payment: i64, retries: usize) -> Option<Proof> {
-        for fate in &self.fates[payment as usize][..=retries] {
-            match fate {
-                Fate::Delivered => return Some(Proof::Response),
-                Fate::AnswerLost => return Some(Proof::Verifier),
-                Fate::RequestLost => {}
-            }
-        }
-        None
+    /// How `payment` should end, given `retries`: the fate of the request
+    /// that landed (`Delivered` or `AnswerLost`), or `None` when every
+    /// request the budget allows was lost.
+    fn expected(&self, payment: i64, retries: usize) -> Option<Fate> {
+        self.fates[payment as usize][..=retries].iter().copied().find(|f| *f != Fate::RequestLost)
     }
 }
 
@@ -607,7 +602,8 @@ type Charged = ToolResult<i64, LinkError>;
 
 /// Runs `payments` charges through the lossy link, and checks each against
 /// the schedule: no payment charged twice, a call that lost its answer
-/// proven by the verifier, one that lost its request (every one of them,
+/// proven by the verifier (and one answered too: an irreversible tool reads
+/// its OK answer back by default), one that lost its request (every one of them,
 /// within the retry budget) `NotApplied`, and a person asked only about the
 /// one call nothing could settle.
 async fn charge_through_a_lossy_link<F, Fut>(
@@ -653,8 +649,10 @@ async fn charge_through_a_lossy_link<F, Fut>(
             continue;
         }
         match (link.expected(payment, retries), result) {
-            (Some(Proof::Response), ToolResult::Success { value, proof: Proof::Response, .. })
-            | (Some(Proof::Verifier), ToolResult::Success { value, proof: Proof::Verifier, .. }) => {
+            (
+                Some(Fate::Delivered | Fate::AnswerLost),
+                ToolResult::Success { value, proof: Proof::Verifier, .. },
+            ) => {
                 assert_eq!(booked, 1, "payment {payment}");
                 assert_eq!(*value, link.db.id(payment).await, "payment {payment}");
             }
@@ -678,7 +676,7 @@ async fn charge_through_a_lossy_link<F, Fut>(
     assert!(seen.get("success").is_some_and(|n| *n > 0), "{seen:?}");
     assert!(seen.get("not_applied").is_some_and(|n| *n > 0), "{seen:?}");
     let answers_lost = (0..payments)
-        .filter(|p| link.expected(*p, retries) == Some(Proof::Verifier) && *p != link.unreadable)
+        .filter(|p| link.expected(*p, retries) == Some(Fate::AnswerLost) && *p != link.unreadable)
         .count();
     assert!(answers_lost > 0, "the schedule loses no answer");
     let link = Arc::into_inner(link).expect("the calls are done");
