@@ -163,8 +163,10 @@ async fn the_engine_refuses_calls_while_redis_is_down() {
     let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
     let cx = Context::new("agent").with_ledger(Arc::new(ledger.with_prefix(unique_prefix())));
     let dispatched = AtomicU32::new(0);
+    let sent = std::sync::Mutex::new(std::collections::HashSet::new());
     let call = |invoice: u64| {
         let dispatched = &dispatched;
+        let sent = &sent;
         let cx = &cx;
         async move {
             let result: ToolResult<u64, io::Error> = engine::call(
@@ -174,9 +176,17 @@ async fn the_engine_refuses_calls_while_redis_is_down() {
                 &(invoice,),
                 |_attempt| {
                     dispatched.fetch_add(1, Ordering::SeqCst);
+                    sent.lock().unwrap().insert(invoice);
                     async move { Ok(invoice) }
                 },
-                Some(|_key| async { Verdict::Absent }),
+                // The postcondition: this invoice was sent (a high tool reads
+                // its OK answer back).
+                Some(|_key| async move {
+                    match sent.lock().unwrap().contains(&invoice) {
+                        true => Verdict::Holds(invoice),
+                        false => Verdict::Absent,
+                    }
+                }),
                 Codec::serde(),
             )
             .await;
