@@ -105,15 +105,14 @@ async fn rmcp_client_lists_calls_and_replays() {
             hints.idempotent_hint,
             hints.open_world_hint
         ),
-        // MCP's definitions: destructive unless the tool says its effect
-        // only adds (the simulator's tools say nothing of their effect kind
-        // yet), idempotent since it declares its effect identity.
-        (Some(false), Some(true), Some(true), Some(true))
+        // MCP's definitions: `effect = "additive"` is not destructive, and
+        // `key(customer)` makes it idempotent.
+        (Some(false), Some(false), Some(true), Some(true))
     );
     let status = tools[1].annotations.as_ref().expect("annotations");
-    // No effect identity and no effect kind: a repeat under a new id is a
-    // new effect.
-    assert_eq!((status.destructive_hint, status.idempotent_hint), (Some(true), Some(false)));
+    // `effect = "overwrite"`: destructive (the old value is gone), and
+    // idempotent (the same value written again changes nothing more).
+    assert_eq!((status.destructive_hint, status.idempotent_hint), (Some(true), Some(true)));
     let read = tools[3].annotations.as_ref().expect("annotations");
     assert_eq!((read.read_only_hint, read.destructive_hint), (Some(true), None));
     let output = create.output_schema.as_ref().expect("Customer has a schema");

@@ -39,6 +39,7 @@ TOOLS = [
 # The tools that declare their effect identity (`key(..)`): a repeat under
 # any id is the same action.
 KEYED = {"create_customer", "send_welcome", "create_record"}
+OVERWRITE = {"set_customer_status", "update_invoice_row", "update_record_fields", "set_record_status"}
 
 
 def check(condition, what):
@@ -84,14 +85,14 @@ async def run(args):
             check(status["required"] == ["customer", "expected_version"], f"set_customer_status: {status}")
             check("version" in status["properties"]["expected_version"]["description"], "described")
             # MCP's definitions: destructive unless the tool says its effect
-            # only adds (the simulator's tools say nothing of their effect
-            # kind yet), idempotent when it declares its effect identity.
+            # only adds, idempotent when it declares its effect identity or
+            # overwrites with the call's value.
             for name, tool in tools.items():
                 if name in ("read_customer", "read_record", "check_call"):
                     continue
                 expected = {
-                    "readOnlyHint": False, "destructiveHint": True,
-                    "idempotentHint": name in KEYED, "openWorldHint": True,
+                    "readOnlyHint": False, "destructiveHint": name in OVERWRITE,
+                    "idempotentHint": name in KEYED or name in OVERWRITE, "openWorldHint": True,
                 }
                 check(tool["annotations"] == expected, f"{name} annotations: {tool['annotations']}")
             check(tools["read_customer"]["annotations"] == {"readOnlyHint": True, "openWorldHint": True},
