@@ -5,9 +5,10 @@
 //!
 //! This module is the contract every backend implements, in whatever store
 //! it keeps its records: [`MemoryLedger`] (the default, in the process),
-//! `SqliteLedger` (feature `sqlite`: one host, durable) and `RedisLedger`
-//! (feature `redis`: shared by processes and hosts). The engine talks to the
-//! contract only.
+//! `SqliteLedger` (feature `sqlite`: one host, durable), `RedisLedger`
+//! (feature `redis`: shared by processes and hosts) and `PostgresLedger`
+//! (feature `postgres`: shared by processes and hosts, in a PostgreSQL
+//! database). The engine talks to the contract only.
 //!
 //! # A record
 //!
@@ -73,6 +74,8 @@
 
 mod codec;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlite")]
@@ -90,6 +93,8 @@ use crate::{IdempotencyKey, PayloadDigest};
 
 pub use codec::{Codec, CodecProbe, SerdeCodec, UnrecordedCodec};
 pub use memory::MemoryLedger;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
 #[cfg(feature = "redis")]
 pub use redis::RedisLedger;
 #[cfg(feature = "sqlite")]

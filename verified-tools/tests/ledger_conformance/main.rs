@@ -7,5 +7,6 @@ mod support;
 mod suite;
 
 mod memory;
+mod postgres;
 mod redis;
 mod sqlite;

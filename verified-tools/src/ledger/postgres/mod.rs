@@ -1,0 +1,1150 @@
+//! The PostgreSQL ledger (feature `postgres`): records in a PostgreSQL
+//! database, shared by every process and host that connects to it. How to
+//! use it, its schema and what it guarantees are on [`PostgresLedger`]; the
+//! statements and how their answers are read are in `sql.rs`, the schema
+//! and its functions in `schema.sql`. This file is the handle: where its
+//! connections come from (a URL, a client, a pool), the bound on every
+//! operation, and the claim that a dropped caller abandons.
+
+mod sql;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_postgres::error::{Severity, SqlState};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Row, Socket};
+
+use self::sql::{PURGE_BATCH, PURGE_EVERY, SCHEMA_VERSION, Statements};
+use super::{
+    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
+    RecordState, RecordView, Resolution,
+};
+use crate::IdempotencyKey;
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A ledger in a PostgreSQL database, shared by every process and host that
+/// connects to it with the same schema and table prefix.
+///
+/// - Claims, write-throughs, finishes and abandons are each one call of a
+///   server-side function (PL/pgSQL, installed with the schema), in one
+///   round trip: a successful call costs two, its claim (which records the
+///   first attempt) and its finish. Each runs as one transaction, under the
+///   record's row lock: two calls never both hold a key.
+/// - Fences come from one sequence (`vt_fence`), so they grow across all
+///   keys, processes and hosts.
+/// - Leases, settle times and expiries run on the database server's clock
+///   (`clock_timestamp()`): hosts with skewed clocks agree. Durations cross
+///   the wire, never instants.
+/// - Completed and settled records expire after the TTL (24 h by default);
+///   held and in-doubt records never expire.
+/// - A completed call's value is kept as the bytes its
+///   [`Codec`](super::Codec) writes (JSON); a value without one is recorded
+///   as completed without value (a repeat verifies to get it).
+/// - The operator's door is open: [`record`](Ledger::record),
+///   [`in_doubt`](Ledger::in_doubt) and [`resolve`](Ledger::resolve).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use verified_tools::Context;
+/// use verified_tools::ledger::PostgresLedger;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Creates the schema if it is missing (in `public`, tables `vt_*`).
+/// let ledger = PostgresLedger::connect("postgres://billing@db.internal/billing")
+///     .await?
+///     .with_lease(Duration::from_secs(600))
+///     .with_ttl(Duration::from_secs(24 * 3600));
+/// let cx = Context::new("billing-agent").with_ledger(Arc::new(ledger));
+///
+/// // Elsewhere: a schema of its own, made by a migration beforehand.
+/// let ledger = PostgresLedger::builder()
+///     .with_schema("agents")
+///     .with_prefix("billing_")
+///     .with_schema_creation(false)
+///     .connect("host=db.internal user=billing dbname=billing")
+///     .await?;
+/// # let _ = (cx, ledger); Ok(()) }
+/// ```
+///
+/// # Connections
+///
+/// Three sources, chosen on the [builder](Self::builder):
+///
+/// - **A connection string** ([`connect`](PostgresLedgerBuilder::connect),
+///   or [`connect_tls`](PostgresLedgerBuilder::connect_tls) with a TLS
+///   connector such as `postgres-native-tls` or `tokio-postgres-rustls`):
+///   the ledger opens one connection and shares it between all its
+///   operations (tokio-postgres pipelines concurrent requests on it). A
+///   connection found closed, or that failed or timed out an operation, is
+///   replaced by a new one on the next operation: that operation fails
+///   closed, the next reconnects.
+/// - **A client you connected** ([`on_client`](PostgresLedgerBuilder::on_client)):
+///   used as it is, concurrently. The ledger cannot reconnect it: once its
+///   connection is gone, every operation fails with
+///   [`LedgerError::Unavailable`]. Give a pool or a connection string where
+///   that matters.
+/// - **A pool** ([`on_pool`](PostgresLedgerBuilder::on_pool)): a function
+///   that checks a connection out for one operation, and a function that
+///   reaches the `tokio_postgres::Client` inside what it checked out. The
+///   checked-out connection goes back to the pool when the operation ends.
+///   No prepared statements are used, so any connection of the pool will
+///   do, and the pool's own recycling replaces broken ones.
+///
+/// With [deadpool-postgres](https://docs.rs/deadpool-postgres) (whose
+/// `tokio-postgres` must be this crate's, 0.7):
+///
+/// ```ignore
+/// let pool: deadpool_postgres::Pool = config.create_pool(Some(Runtime::Tokio1), NoTls)?;
+/// let ledger = PostgresLedger::builder()
+///     .on_pool(
+///         move || {
+///             let pool = pool.clone();
+///             async move { pool.get().await }
+///         },
+///         |object: &deadpool_postgres::Object| -> &tokio_postgres::Client { object },
+///     )
+///     .await?;
+/// ```
+///
+/// With [bb8-postgres](https://docs.rs/bb8-postgres) (`get_owned`, so that
+/// the checked-out connection does not borrow the pool):
+///
+/// ```ignore
+/// type Manager = bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>;
+/// let pool: bb8::Pool<Manager> = bb8::Pool::builder().build(manager).await?;
+/// let ledger = PostgresLedger::builder()
+///     .on_pool(
+///         move || {
+///             let pool = pool.clone();
+///             async move { pool.get_owned().await }
+///         },
+///         |conn: &bb8::PooledConnection<'static, Manager>| -> &tokio_postgres::Client { conn },
+///     )
+///     .await?;
+/// ```
+///
+/// # The schema
+///
+/// One table of records, one sequence of fences, two partial indexes and
+/// the functions the operations call, all named from the schema (`public`
+/// by default, [`with_schema`](PostgresLedgerBuilder::with_schema)) and a
+/// prefix (`vt_`, [`with_prefix`](PostgresLedgerBuilder::with_prefix)).
+/// [`connect`](PostgresLedgerBuilder::connect) and the other constructors
+/// create it if it is missing, in one transaction under an advisory lock, so
+/// processes starting at once do not race; it needs the privilege to create
+/// in the schema (and to create the schema, if it is missing). Where the
+/// application's role may not create tables, create the schema beforehand,
+/// from a migration, and turn that off
+/// ([`with_schema_creation(false)`](PostgresLedgerBuilder::with_schema_creation)):
+/// the role then needs `SELECT, INSERT, UPDATE, DELETE` on the table,
+/// `USAGE` on the sequence and `EXECUTE` on the functions (granted to
+/// `PUBLIC` by default). [`schema_sql`](PostgresLedgerBuilder::schema_sql)
+/// gives the DDL for other names. For the defaults it is exactly this:
+///
+#[doc = concat!("```sql\n", include_str!("schema.sql"), "```")]
+///
+/// | column | meaning |
+/// |---|---|
+/// | `key` | the idempotency key, 16 bytes big-endian |
+/// | `fingerprint` | the payload digest, 16 bytes big-endian |
+/// | `state` | `held`, `in_doubt`, `settled`, `completed` |
+/// | `fence` | the fence of the last claim (the holder's while `held`) |
+/// | `lease_end` | when the hold ends (`held` only) |
+/// | `attempts`, `after_ok` | [`Progress`], written through before every attempt |
+/// | `settle_at` | when the last attempt settles; `NULL`: never |
+/// | `value` | a completed call's value; `NULL`: not recorded |
+/// | `expires_at` | when a `completed` or `settled` record expires; `NULL` otherwise |
+///
+/// `CHECK` constraints tie the columns to the state, so a bug that would
+/// write an inconsistent record fails its transaction instead. A schema of
+/// another version (`vt_schema_version()`) is refused.
+///
+/// # What the guarantees assume
+///
+/// - **Durable commits: `synchronous_commit = on`** (PostgreSQL's default),
+///   and `fsync = on`. A commit is then on disk before the operation
+///   returns, and a crash of the server loses no record a call was told
+///   about. With `synchronous_commit = off`, the last commits before a crash
+///   (up to three times `wal_writer_delay`) can be lost: a lost in-doubt
+///   record, or a lost hold whose call was dispatching, lets the next call
+///   with the key dispatch without verifying first.
+/// - **The primary, not a replica.** Every operation writes. With
+///   asynchronous replication, a failover to a replica that lags loses what
+///   the primary had not sent; `synchronous_standby_names` with
+///   `synchronous_commit = on` (or `remote_apply`) does not.
+/// - **`READ COMMITTED`** (the default isolation) for the ledger's
+///   sessions. Each operation is one statement, its own transaction; under
+///   a stricter `default_transaction_isolation`, concurrent claims of one key
+///   fail with serialization errors (the calls are refused) instead of
+///   queueing on the row lock.
+/// - **Not inside the application's transaction.** A client given to
+///   [`on_client`](PostgresLedgerBuilder::on_client) must not be in an
+///   explicit transaction when the ledger uses it: its records would commit
+///   or roll back with the application's work, and its row locks would be
+///   held as long.
+///
+/// # Time
+///
+/// Leases, settle times and expiries are measured by the database server's
+/// clock only, read with `clock_timestamp()` in each operation. A clock
+/// stepped forward ends holds early (the key is taken over in doubt, and the
+/// old holder is fenced); a clock stepped back makes them last longer. The
+/// ledger needs tokio's real time: its timeouts would fire at once on a
+/// paused clock.
+///
+/// # Expiry
+///
+/// Completed and settled records expire after the TTL
+/// ([`with_ttl`](Self::with_ttl)), counted from their finish. A claim treats
+/// an expired record as absent: a new logical call replaces it. Expired
+/// records are deleted lazily: every 32nd finish of a handle deletes up to
+/// 64 of them in its own transaction (at no extra round trip), and
+/// [`purge_expired`](Self::purge_expired) deletes all of them. Run it from a
+/// scheduled job where finishes are rare and records many.
+///
+/// # Failures
+///
+/// Every operation is bounded by the timeout
+/// ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT),
+/// [`with_timeout`](PostgresLedgerBuilder::with_timeout)), a reconnection
+/// included. A database that is down, refuses the connection or the
+/// statement, or does not answer in time gives [`LedgerError::Unavailable`],
+/// and the engine refuses the call before it dispatches. A statement that
+/// fails changes nothing (it is its own transaction). A claim that only
+/// reads (a replay, a key in flight, another payload) writes nothing, so
+/// replays go on while the database refuses writes.
+///
+/// A claim is sent from a task of its own, which waits for its answer up to
+/// the lease. A caller that stops waiting (the timeout struck, its call's
+/// deadline, or its task was cancelled) does not leave the key held by
+/// nobody for a lease: if the claim lands and finds the caller gone, the task
+/// abandons the hold at once, and the next call with the key verifies before
+/// it dispatches. [`Ledger::abandon`], called from a destructor, does not
+/// block: it spawns its write on the current tokio runtime. If that write is
+/// lost (no runtime, the runtime shutting down, the database unreachable),
+/// the lease ends the hold.
+#[derive(Clone)]
+pub struct PostgresLedger {
+    inner: Arc<Inner>,
+    lease: Duration,
+    ttl: Duration,
+}
+
+/// How a [`PostgresLedger`] is opened: the names of its schema, the bound
+/// on each operation, whether it creates the schema, and where its
+/// connections come from (the method that ends the chain).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use verified_tools::ledger::PostgresLedger;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (client, connection) =
+///     tokio_postgres::connect("postgres://agent@localhost/app", tokio_postgres::NoTls).await?;
+/// tokio::spawn(connection);
+/// let ledger = PostgresLedger::builder()
+///     .with_schema("ledger")
+///     .with_timeout(Duration::from_secs(5))
+///     .on_client(client)
+///     .await?;
+/// # let _ = ledger; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresLedgerBuilder {
+    schema: String,
+    prefix: String,
+    timeout: Duration,
+    create: bool,
+}
+
+impl Default for PostgresLedgerBuilder {
+    fn default() -> Self {
+        Self {
+            schema: PostgresLedger::DEFAULT_SCHEMA.to_owned(),
+            prefix: PostgresLedger::DEFAULT_PREFIX.to_owned(),
+            timeout: PostgresLedger::DEFAULT_TIMEOUT,
+            create: true,
+        }
+    }
+}
+
+impl PostgresLedgerBuilder {
+    /// Sets the PostgreSQL schema the ledger's table, sequence and functions
+    /// are in (`public` by default): letters, digits and `_`, case kept.
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the prefix of the ledger's names in its schema (`vt_` by
+    /// default): ledgers with different prefixes in one database are
+    /// separate, each with its own fence sequence. Letters, digits and `_`,
+    /// up to 49 of them. Every process sharing the records must use the
+    /// same schema and prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets the bound on each operation, a reconnection included
+    /// ([`PostgresLedger::DEFAULT_TIMEOUT`] by default): long enough for the
+    /// server's commit under load, short enough that calls are refused
+    /// promptly when the database is down.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether opening creates the schema when it is missing (`true`, the
+    /// default). With `false`, a missing schema fails the opening with
+    /// [`LedgerError::Unavailable`]: create it beforehand from
+    /// [`schema_sql`](Self::schema_sql).
+    pub fn with_schema_creation(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// The DDL of the schema for these names, for a migration: what the
+    /// ledger runs when it creates the schema. One transaction: run it as
+    /// one script (`psql -1 -f`). Fails when a name is not allowed.
+    pub fn schema_sql(&self) -> Result<String, LedgerError> {
+        sql::check_names(&self.schema, &self.prefix)?;
+        Ok(sql::schema_sql(&self.schema, &self.prefix))
+    }
+
+    /// Opens the ledger on a connection of its own to `url`, without TLS: a
+    /// URL (`postgres://user:password@host:port/dbname`) or `key=value`
+    /// pairs, as tokio-postgres reads them. Fails with
+    /// [`LedgerError::Unavailable`] when the server cannot be reached or the
+    /// schema cannot be created or is of another version.
+    pub async fn connect(self, url: &str) -> Result<PostgresLedger, LedgerError> {
+        self.connect_tls(url, NoTls).await
+    }
+
+    /// Like [`connect`](Self::connect), through `tls` (a tokio-postgres TLS
+    /// connector), for this connection and every reconnection.
+    pub async fn connect_tls<T>(self, url: &str, tls: T) -> Result<PostgresLedger, LedgerError>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let mut config: Config = url
+            .parse()
+            .map_err(|e| LedgerError::Unavailable(format!("postgres: {}", describe(&e))))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(self.timeout);
+        }
+        if config.get_application_name().is_none() {
+            // So that an operator can tell the ledger's sessions apart.
+            config.application_name("verified-tools ledger");
+        }
+        let connect = move || -> BoxFuture<'static, Result<Client, tokio_postgres::Error>> {
+            let (config, tls) = (config.clone(), tls.clone());
+            Box::pin(async move {
+                let (client, connection) = config.connect(tls).await?;
+                // It ends when the server closes the connection or the
+                // client is dropped; its error is what the next request
+                // on the client fails with.
+                tokio::spawn(connection);
+                Ok(client)
+            })
+        };
+        let own = Own {
+            connect: Box::new(connect),
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        };
+        self.open(Source::Own(own)).await
+    }
+
+    /// Opens the ledger on `client`, connected by the application (its
+    /// connection task running), and shared by the ledger's operations.
+    /// The ledger cannot reconnect it: see [Connections](PostgresLedger#connections).
+    pub async fn on_client(self, client: Client) -> Result<PostgresLedger, LedgerError> {
+        self.open(Source::Given(Arc::new(client))).await
+    }
+
+    /// Opens the ledger on a pool: `get` checks out a connection for one
+    /// operation (a `deadpool_postgres::Object`, a `bb8::PooledConnection`,
+    /// anything that hands its connection back when dropped) and `client`
+    /// reaches the `tokio_postgres::Client` in it. See
+    /// [Connections](PostgresLedger#connections) for deadpool and bb8.
+    pub async fn on_pool<F, Fut, C, E>(
+        self,
+        get: F,
+        client: fn(&C) -> &Client,
+    ) -> Result<PostgresLedger, LedgerError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<C, E>> + Send + 'static,
+        C: Send + 'static,
+        E: fmt::Display,
+    {
+        self.open(Source::Pool(Box::new(FnPool { get, client }))).await
+    }
+
+    async fn open(self, source: Source) -> Result<PostgresLedger, LedgerError> {
+        sql::check_names(&self.schema, &self.prefix)?;
+        let inner = Inner {
+            sql: Statements::new(&self.schema, &self.prefix),
+            source,
+            timeout: self.timeout,
+            schema: self.schema,
+            prefix: self.prefix,
+            finishes: AtomicU32::new(0),
+        };
+        inner.ensure_schema(self.create).await?;
+        Ok(PostgresLedger {
+            inner: Arc::new(inner),
+            lease: Duration::from_secs(600),
+            ttl: Duration::from_secs(24 * 3600),
+        })
+    }
+}
+
+impl PostgresLedger {
+    /// The default schema of the ledger's table, sequence and functions.
+    pub const DEFAULT_SCHEMA: &'static str = sql::DEFAULT_SCHEMA;
+    /// The default prefix of their names.
+    pub const DEFAULT_PREFIX: &'static str = sql::DEFAULT_PREFIX;
+    /// The default bound on each operation, a reconnection included.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// Connects to the database at `url` (a URL or `key=value` pairs, as
+    /// tokio-postgres reads them; no TLS: see
+    /// [`connect_tls`](PostgresLedgerBuilder::connect_tls)), creating the
+    /// schema if it is missing, with the default names and
+    /// [timeout](Self::DEFAULT_TIMEOUT). Records live 24 hours, keys are
+    /// leased for 10 minutes.
+    ///
+    /// Fails with [`LedgerError::Unavailable`] if the server cannot be
+    /// reached or the schema cannot be created. Afterwards, the connection
+    /// is re-established by itself.
+    pub async fn connect(url: &str) -> Result<Self, LedgerError> {
+        Self::builder().connect(url).await
+    }
+
+    /// Like [`connect`](Self::connect), with another bound on each
+    /// operation (a reconnection included): long enough for the server's
+    /// commit under load, short enough that calls are refused promptly when
+    /// the database is down.
+    pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<Self, LedgerError> {
+        Self::builder().with_timeout(timeout).connect(url).await
+    }
+
+    /// The other ways to open a ledger: other names, another timeout, a
+    /// schema made beforehand, the application's client or pool.
+    pub fn builder() -> PostgresLedgerBuilder {
+        PostgresLedgerBuilder::default()
+    }
+
+    /// Sets how long a call may hold a key (10 minutes by default), on the
+    /// database's clock: past it, the next call takes the key over in doubt.
+    /// It must outlast every call's deadline
+    /// ([`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout)): the
+    /// engine refuses calls whose deadline is longer. Each claim records the
+    /// end of its own hold, so processes with different leases agree.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how long completed and settled records are kept (24 hours by
+    /// default). Records in doubt never expire: forgetting one would let the
+    /// next call dispatch without verifying.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The PostgreSQL schema the ledger is in.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The prefix of the ledger's names in its schema.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// How long completed and settled records are kept.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The bound on each operation.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Deletes every expired record now, rather than a few every so often;
+    /// answers how many. In batches of 10 000, one transaction each.
+    pub fn purge_expired(&self) -> LedgerFuture<'_, usize> {
+        LedgerFuture::boxed(async move {
+            const BATCH: i32 = 10_000;
+            let mut purged = 0;
+            loop {
+                let rows = self.inner.query(&self.inner.sql.purge, &[(&BATCH, Type::INT4)]).await?;
+                let n: i64 = first(&rows, "purge")?;
+                purged += usize::try_from(n).unwrap_or(0);
+                if n < i64::from(BATCH) {
+                    return Ok(purged);
+                }
+            }
+        })
+    }
+}
+
+impl fmt::Debug for PostgresLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match self.inner.source {
+            Source::Own(_) => "connection string",
+            Source::Given(_) => "client",
+            Source::Pool(_) => "pool",
+        };
+        f.debug_struct("PostgresLedger")
+            .field("schema", &self.inner.schema)
+            .field("prefix", &self.inner.prefix)
+            .field("source", &source)
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------- connections
+
+/// Where an operation's connection comes from.
+enum Source {
+    /// The ledger's own connection, made again when it is found broken.
+    Own(Own),
+    /// The application's client, used as it is.
+    Given(Arc<Client>),
+    /// The application's pool: one checkout per operation.
+    Pool(Box<dyn Pool>),
+}
+
+type Connect =
+    Box<dyn Fn() -> BoxFuture<'static, Result<Client, tokio_postgres::Error>> + Send + Sync>;
+
+struct Own {
+    connect: Connect,
+    current: Mutex<Option<Arc<Client>>>,
+    /// One reconnection at a time: the others wait for it, then share it.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is one assignment or clone.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Own {
+    fn live(&self) -> Option<Arc<Client>> {
+        lock(&self.current).as_ref().filter(|client| !client.is_closed()).cloned()
+    }
+
+    async fn client(&self) -> Result<Arc<Client>, Failure> {
+        if let Some(client) = self.live() {
+            return Ok(client);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(client) = self.live() {
+            return Ok(client);
+        }
+        let client = Arc::new((self.connect)().await.map_err(Failure::Pg)?);
+        *lock(&self.current) = Some(Arc::clone(&client));
+        Ok(client)
+    }
+
+    /// The next operation connects anew, unless another already did.
+    fn discard(&self, client: &Arc<Client>) {
+        let mut current = lock(&self.current);
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *current = None;
+        }
+    }
+}
+
+/// A connection lent to one operation.
+enum Lent {
+    Shared(Arc<Client>),
+    Pooled(Box<dyn PooledClient>),
+}
+
+impl Lent {
+    fn client(&self) -> &Client {
+        match self {
+            Lent::Shared(client) => client,
+            Lent::Pooled(pooled) => pooled.client(),
+        }
+    }
+
+    fn shared(&self) -> Option<&Arc<Client>> {
+        match self {
+            Lent::Shared(client) => Some(client),
+            Lent::Pooled(_) => None,
+        }
+    }
+}
+
+trait PooledClient: Send {
+    fn client(&self) -> &Client;
+}
+
+struct Projected<C> {
+    checked_out: C,
+    client: fn(&C) -> &Client,
+}
+
+impl<C: Send> PooledClient for Projected<C> {
+    fn client(&self) -> &Client {
+        (self.client)(&self.checked_out)
+    }
+}
+
+trait Pool: Send + Sync {
+    fn get(&self) -> BoxFuture<'_, Result<Lent, String>>;
+}
+
+struct FnPool<F, C> {
+    get: F,
+    client: fn(&C) -> &Client,
+}
+
+impl<F, Fut, C, E> Pool for FnPool<F, C>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<C, E>> + Send + 'static,
+    C: Send + 'static,
+    E: fmt::Display,
+{
+    fn get(&self) -> BoxFuture<'_, Result<Lent, String>> {
+        let checkout = (self.get)();
+        let client = self.client;
+        Box::pin(async move {
+            let checked_out = checkout.await.map_err(|e| e.to_string())?;
+            Ok(Lent::Pooled(Box::new(Projected { checked_out, client })))
+        })
+    }
+}
+
+/// Why a statement failed, before it is told as a [`LedgerError`].
+enum Failure {
+    Pg(tokio_postgres::Error),
+    Ledger(LedgerError),
+}
+
+impl Failure {
+    fn into_ledger(self) -> LedgerError {
+        match self {
+            Failure::Pg(error) => {
+                LedgerError::Unavailable(format!("postgres: {}", describe(&error)))
+            }
+            Failure::Ledger(error) => error,
+        }
+    }
+
+    fn is(&self, state: &SqlState) -> bool {
+        matches!(self, Failure::Pg(e) if e.code() == Some(state))
+    }
+}
+
+/// The error with what tokio-postgres' `Display` leaves out: a server
+/// error's severity, SQLSTATE and message, a client error's cause.
+fn describe(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    match std::error::Error::source(error) {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
+
+/// Whether the connection cannot be trusted with the next request: a
+/// client-side failure (I/O, a message it could not read) or a server error
+/// that ends the session.
+fn broken(error: &tokio_postgres::Error) -> bool {
+    error
+        .as_db_error()
+        .is_none_or(|db| matches!(db.parsed_severity(), Some(Severity::Fatal | Severity::Panic)))
+}
+
+fn no_answer(after: Duration) -> LedgerError {
+    LedgerError::Unavailable(format!("postgres: no answer within {after:?}"))
+}
+
+/// The first column of the first row.
+fn first<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    rows: &[Row],
+    what: &str,
+) -> Result<T, LedgerError> {
+    let row = rows
+        .first()
+        .ok_or_else(|| LedgerError::Corrupt(format!("postgres: {what} answered no row")))?;
+    row.try_get(0)
+        .map_err(|e| LedgerError::Corrupt(format!("postgres: {what} answered {}", describe(&e))))
+}
+
+// ---------------------------------------------------------------- operations
+
+type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
+struct Inner {
+    source: Source,
+    timeout: Duration,
+    sql: Statements,
+    schema: String,
+    prefix: String,
+    /// Finishes of this handle, to purge expired records every so often.
+    finishes: AtomicU32,
+}
+
+impl Inner {
+    async fn lend(&self) -> Result<Lent, Failure> {
+        match &self.source {
+            Source::Own(own) => own.client().await.map(Lent::Shared),
+            Source::Given(client) if client.is_closed() => {
+                Err(Failure::Ledger(LedgerError::Unavailable(
+                    "postgres: the connection of the client the ledger was given is closed".into(),
+                )))
+            }
+            Source::Given(client) => Ok(Lent::Shared(Arc::clone(client))),
+            Source::Pool(pool) => pool.get().await.map_err(|e| {
+                Failure::Ledger(LedgerError::Unavailable(format!(
+                    "postgres: the pool lent no connection: {e}"
+                )))
+            }),
+        }
+    }
+
+    /// The next operation connects anew (the ledger's own connection only:
+    /// a client or pool of the application is theirs to replace).
+    fn discard(&self, connection: Option<&Arc<Client>>) {
+        if let (Source::Own(own), Some(client)) = (&self.source, connection) {
+            own.discard(client);
+        }
+    }
+
+    /// A connection for an operation that started at `started`.
+    async fn lend_by(&self, started: Instant) -> Result<Lent, Failure> {
+        match tokio::time::timeout_at(started + self.timeout, self.lend()).await {
+            Ok(lent) => lent,
+            Err(_) => Err(Failure::Ledger(no_answer(self.timeout))),
+        }
+    }
+
+    /// Runs one statement.
+    async fn run(
+        &self,
+        patience: Duration,
+        statement: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>, Failure> {
+        let started = Instant::now();
+        let lent = self.lend_by(started).await?;
+        self.run_on(lent.client(), lent.shared(), started, patience, statement, params).await
+    }
+
+    /// Runs one statement on `client` (the ledger's own `connection`, if it
+    /// is that), for an operation that started at `started`. Past the
+    /// timeout the connection is given up for the next operations, and the
+    /// statement's answer is waited for until `patience` (at least the
+    /// timeout) has passed.
+    async fn run_on(
+        &self,
+        client: &Client,
+        connection: Option<&Arc<Client>>,
+        started: Instant,
+        patience: Duration,
+        statement: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>, Failure> {
+        let (soon, late) = (started + self.timeout, started + patience.max(self.timeout));
+        let mut query = std::pin::pin!(client.query_typed(statement, params));
+        let answer = match tokio::time::timeout_at(soon, &mut query).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                // A server that hangs, or a network that dropped the
+                // connection without a word: the next operation connects
+                // anew rather than queue behind this one.
+                self.discard(connection);
+                match tokio::time::timeout_at(late, &mut query).await {
+                    Ok(answer) => answer,
+                    Err(_) => return Err(Failure::Ledger(no_answer(late - started))),
+                }
+            }
+        };
+        answer.map_err(|error| {
+            if broken(&error) || client.is_closed() {
+                self.discard(connection);
+            }
+            Failure::Pg(error)
+        })
+    }
+
+    async fn query(&self, statement: &str, params: &Params<'_>) -> Result<Vec<Row>, LedgerError> {
+        self.run(self.timeout, statement, params).await.map_err(Failure::into_ledger)
+    }
+
+    /// Checks the schema's version, creating the schema first if it is
+    /// missing and that is allowed.
+    async fn ensure_schema(&self, create: bool) -> Result<(), LedgerError> {
+        let missing = |failure: &Failure| {
+            failure.is(&SqlState::UNDEFINED_FUNCTION) || failure.is(&SqlState::INVALID_SCHEMA_NAME)
+        };
+        match self.schema_version().await {
+            Ok(version) => return self.known(version),
+            Err(failure) if missing(&failure) && create => {}
+            Err(failure) if missing(&failure) => {
+                return Err(LedgerError::Unavailable(format!(
+                    "postgres: no ledger schema in \"{}\" with the prefix \"{}\": create it \
+                     (PostgresLedgerBuilder::schema_sql) or let the ledger create it",
+                    self.schema, self.prefix
+                )));
+            }
+            Err(failure) => return Err(failure.into_ledger()),
+        }
+        let ddl = sql::schema_sql(&self.schema, &self.prefix);
+        // Creating waits for the advisory lock of another process creating
+        // it: longer than one operation.
+        let patience = self.timeout.max(Duration::from_secs(30));
+        let created = async {
+            let lent = self.lend().await?;
+            // One simple-query message: one implicit transaction, rolled
+            // back whole if any statement fails.
+            let created = lent.client().batch_execute(&ddl).await.map_err(Failure::Pg);
+            if created.is_err() {
+                self.discard(lent.shared());
+            }
+            created
+        };
+        match tokio::time::timeout(patience, created).await {
+            Ok(created) => created.map_err(Failure::into_ledger)?,
+            Err(_) => return Err(no_answer(patience)),
+        }
+        let version = self.schema_version().await.map_err(Failure::into_ledger)?;
+        self.known(version)
+    }
+
+    async fn schema_version(&self) -> Result<i32, Failure> {
+        let rows = self.run(self.timeout, &self.sql.version, &[]).await?;
+        first(&rows, "vt_schema_version()").map_err(Failure::Ledger)
+    }
+
+    fn known(&self, version: i32) -> Result<(), LedgerError> {
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        Err(LedgerError::Unavailable(format!(
+            "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is version {version}; \
+             this build knows version {SCHEMA_VERSION}",
+            self.schema, self.prefix
+        )))
+    }
+
+    async fn claim(
+        &self,
+        lent: Lent,
+        started: Instant,
+        request: ClaimRequest,
+        lease: Duration,
+    ) -> Result<Claim, LedgerError> {
+        let key = sql::key_bytes(request.key);
+        let fingerprint = request.fingerprint.as_u128().to_be_bytes();
+        let previous = request
+            .previous
+            .map(|(key, fingerprint)| (sql::key_bytes(key), fingerprint.as_u128().to_be_bytes()));
+        let (key, fingerprint): (&[u8], &[u8]) = (&key, &fingerprint);
+        let previous_key: Option<&[u8]> = previous.as_ref().map(|(key, _)| &key[..]);
+        let previous_fingerprint: Option<&[u8]> = previous.as_ref().map(|(_, fp)| &fp[..]);
+        let progress = request.first;
+        let (lease_us, attempts) = (sql::micros(lease), i64::from(progress.attempts));
+        let settle = sql::settle_arg(progress.settle);
+        let params: [(&(dyn ToSql + Sync), Type); 8] = [
+            (&key, Type::BYTEA),
+            (&fingerprint, Type::BYTEA),
+            (&previous_key, Type::BYTEA),
+            (&previous_fingerprint, Type::BYTEA),
+            (&lease_us, Type::INT8),
+            (&attempts, Type::INT8),
+            (&progress.after_ok, Type::BOOL),
+            (&settle, Type::INT8),
+        ];
+        // A claim that lands after its lease holds nothing any more: no
+        // need to wait for it longer.
+        let rows = self
+            .run_on(lent.client(), lent.shared(), started, lease, &self.sql.claim, &params)
+            .await
+            .map_err(Failure::into_ledger)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LedgerError::Corrupt("postgres: a claim answered no row".into()))?;
+        sql::claimed(sql::ClaimRow::read(row)?, &request)
+    }
+
+    /// A holder's write: `Ok` when it landed, [`LedgerError::Fenced`] when
+    /// the fence no longer holds the key.
+    async fn fenced(
+        &self,
+        statement: &str,
+        params: &Params<'_>,
+        fence: Fence,
+    ) -> Result<(), LedgerError> {
+        let rows = self.query(statement, params).await?;
+        match first::<bool>(&rows, "a fenced write")? {
+            true => Ok(()),
+            false => Err(LedgerError::Fenced(fence)),
+        }
+    }
+
+    async fn abandon(&self, key: IdempotencyKey, fence: Fence) -> Result<(), LedgerError> {
+        let key = sql::key_bytes(key);
+        let (key, fence_value): (&[u8], i64) = (&key, sql::fence_arg(fence));
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&key, Type::BYTEA), (&fence_value, Type::INT8)];
+        // Not held by this fence any more: nothing to end.
+        match self.fenced(&self.sql.abandon, &params, fence).await {
+            Ok(()) | Err(LedgerError::Fenced(_)) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Abandons a hold without blocking: on the current runtime, or not at all
+/// (the lease ends the hold).
+fn abandon_later(inner: &Arc<Inner>, key: IdempotencyKey, fence: Fence) {
+    let Ok(runtime) = Handle::try_current() else { return };
+    let inner = Arc::clone(inner);
+    runtime.spawn(async move {
+        let _ = inner.abandon(key, fence).await;
+    });
+}
+
+fn held(claim: &Claim) -> Option<Fence> {
+    match claim.state {
+        Claimed::Fresh(fence) | Claimed::Resume(fence, _) => Some(fence),
+        _ => None,
+    }
+}
+
+/// The caller's end of a claim sent from its own task. Dropped before the
+/// answer was taken (the caller gave up), it abandons the hold the answer
+/// brings, whether it came already or comes later.
+struct Answer {
+    answer: Option<oneshot::Receiver<Result<Claim, LedgerError>>>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else { return };
+        // From now on the task sees the caller gone, and abandons itself.
+        answer.close();
+        if let Ok(Ok(claim)) = answer.try_recv()
+            && let Some(fence) = held(&claim)
+        {
+            abandon_later(&self.inner, claim.key, fence);
+        }
+    }
+}
+
+impl Ledger for PostgresLedger {
+    fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
+        let (inner, lease) = (Arc::clone(&self.inner), self.lease);
+        LedgerFuture::boxed(async move {
+            let Ok(runtime) = Handle::try_current() else {
+                return Err(LedgerError::Unavailable(
+                    "postgres: the ledger runs on a tokio runtime, and there is none".into(),
+                ));
+            };
+            let started = Instant::now();
+            let lent = inner.lend_by(started).await.map_err(Failure::into_ledger)?;
+            // What the caller gives up if no answer comes in time, so that
+            // the next operation does not queue behind this one.
+            let connection = lent.shared().cloned();
+            let (send, receive) = oneshot::channel();
+            let mut answer = Answer { answer: Some(receive), inner: Arc::clone(&inner) };
+            let task = Arc::clone(&inner);
+            runtime.spawn(async move {
+                let claimed = task.claim(lent, started, request, lease).await;
+                if let Err(Ok(claim)) = send.send(claimed)
+                    && let Some(fence) = held(&claim)
+                {
+                    let _ = task.abandon(claim.key, fence).await;
+                }
+            });
+            let receiving = answer.answer.as_mut().expect("the answer is taken once");
+            match tokio::time::timeout_at(started + inner.timeout, receiving).await {
+                Ok(received) => {
+                    answer.answer = None;
+                    received.unwrap_or_else(|_| {
+                        Err(LedgerError::Unavailable("postgres: the claim's task failed".into()))
+                    })
+                }
+                Err(_) => {
+                    inner.discard(connection.as_ref());
+                    // `answer` is dropped: a late hold is abandoned.
+                    Err(no_answer(inner.timeout))
+                }
+            }
+        })
+    }
+
+    fn dispatching(
+        &self,
+        key: IdempotencyKey,
+        fence: Fence,
+        progress: Progress,
+    ) -> LedgerFuture<'_, ()> {
+        LedgerFuture::boxed(async move {
+            let key = sql::key_bytes(key);
+            let key: &[u8] = &key;
+            let (fence_value, attempts) = (sql::fence_arg(fence), i64::from(progress.attempts));
+            let settle = sql::settle_arg(progress.settle);
+            let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                (&key, Type::BYTEA),
+                (&fence_value, Type::INT8),
+                (&attempts, Type::INT8),
+                (&progress.after_ok, Type::BOOL),
+                (&settle, Type::INT8),
+            ];
+            self.inner.fenced(&self.inner.sql.dispatching, &params, fence).await
+        })
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: IdempotencyKey,
+        fence: Fence,
+        end: End<'a>,
+    ) -> LedgerFuture<'a, ()> {
+        // Encoded at once: the future owns what it sends.
+        let (state, value) = match end {
+            End::Completed(value) => ("completed", value.encode()),
+            End::Settled => ("settled", None),
+            End::InDoubt => ("in_doubt", None),
+        };
+        let purge = match self.inner.finishes.fetch_add(1, Ordering::Relaxed) {
+            n if n.is_multiple_of(PURGE_EVERY) => PURGE_BATCH,
+            _ => 0,
+        };
+        LedgerFuture::boxed(async move {
+            let key = sql::key_bytes(key);
+            let key: &[u8] = &key;
+            let (fence_value, ttl) = (sql::fence_arg(fence), sql::micros(self.ttl));
+            let params: [(&(dyn ToSql + Sync), Type); 6] = [
+                (&key, Type::BYTEA),
+                (&fence_value, Type::INT8),
+                (&state, Type::TEXT),
+                (&value, Type::BYTEA),
+                (&ttl, Type::INT8),
+                (&purge, Type::INT4),
+            ];
+            self.inner.fenced(&self.inner.sql.finish, &params, fence).await
+        })
+    }
+
+    fn abandon(&self, key: IdempotencyKey, fence: Fence) {
+        abandon_later(&self.inner, key, fence);
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
+        LedgerFuture::boxed(async move {
+            let bytes = sql::key_bytes(key);
+            let bytes: &[u8] = &bytes;
+            let rows = self.inner.query(&self.inner.sql.record, &[(&bytes, Type::BYTEA)]).await?;
+            let row = rows.first().ok_or_else(|| {
+                LedgerError::Corrupt("postgres: reading a record answered no row".into())
+            })?;
+            let get = |e: tokio_postgres::Error| {
+                LedgerError::Corrupt(format!("postgres: a record: {}", describe(&e)))
+            };
+            let Some(state) = row.try_get::<_, Option<String>>(0).map_err(get)? else {
+                return Ok(None);
+            };
+            let view = sql::view(
+                key,
+                sql::record_state(&state)?,
+                row.try_get(1).map_err(get)?,
+                row.try_get(2).map_err(get)?,
+                row.try_get(3).map_err(get)?,
+            )?;
+            Ok(Some(view))
+        })
+    }
+
+    fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
+        LedgerFuture::boxed(async move {
+            let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+            let rows = self.inner.query(&self.inner.sql.in_doubt, &[(&limit, Type::INT4)]).await?;
+            let get = |e: tokio_postgres::Error| {
+                LedgerError::Corrupt(format!("postgres: a record in doubt: {}", describe(&e)))
+            };
+            rows.iter()
+                .map(|row| {
+                    let key = sql::key_of(row.try_get::<_, &[u8]>(0).map_err(get)?)?;
+                    sql::view(
+                        key,
+                        RecordState::InDoubt,
+                        row.try_get(1).map_err(get)?,
+                        row.try_get(2).map_err(get)?,
+                        row.try_get(3).map_err(get)?,
+                    )
+                })
+                .collect()
+        })
+    }
+
+    fn resolve(
+        &self,
+        key: IdempotencyKey,
+        resolution: Resolution,
+    ) -> LedgerFuture<'_, Option<RecordState>> {
+        LedgerFuture::boxed(async move {
+            let key = sql::key_bytes(key);
+            let key: &[u8] = &key;
+            let applied = resolution == Resolution::Applied;
+            let ttl = sql::micros(self.ttl);
+            let params: [(&(dyn ToSql + Sync), Type); 3] =
+                [(&key, Type::BYTEA), (&applied, Type::BOOL), (&ttl, Type::INT8)];
+            let rows = self.inner.query(&self.inner.sql.resolve, &params).await?;
+            first::<Option<String>>(&rows, "a resolution")?
+                .map(|state| sql::record_state(&state))
+                .transpose()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_schema_is_the_one_created() {
+        let builder = PostgresLedger::builder();
+        assert_eq!(builder.schema_sql().unwrap(), sql::SCHEMA);
+        let other = builder.with_schema("ops").with_prefix("agent_");
+        assert!(other.schema_sql().unwrap().contains("\"ops\".\"agent_claim\""));
+        assert!(other.with_prefix("no-dash").schema_sql().is_err());
+    }
+}
