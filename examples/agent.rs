@@ -79,9 +79,10 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_parser = names::<TaskKind>(&TASKS),
           default_value = "activate_customer,record_invoice")]
     tasks: Vec<TaskKind>,
-    /// Where calls are recorded: memory (a ledger per episode), sqlite:PATH
-    /// or redis://HOST:PORT/ (one ledger for the whole run; these two need
-    /// the features `sqlite` and `redis`: `--features sqlite,redis`).
+    /// Where calls are recorded: memory (a ledger per episode), sqlite:PATH,
+    /// redis://HOST:PORT/ or postgres://USER@HOST:PORT/DB (one ledger for
+    /// the whole run; these need the features `sqlite`, `redis` and
+    /// `postgres`: `--features sqlite,redis,postgres`).
     #[arg(long, default_value = "memory")]
     ledger: LedgerChoice,
     /// Print the full table: confidence intervals, Cohen's h, calls, verifier
@@ -187,7 +188,7 @@ fn main() -> ExitCode {
         match &config.ledger {
             LedgerChoice::Memory => "memory".to_owned(),
             LedgerChoice::Sqlite(path) => path.display().to_string(),
-            LedgerChoice::Redis(url) => url.clone(),
+            LedgerChoice::Redis(url) | LedgerChoice::Postgres(url) => url.clone(),
         }
     );
     println!(

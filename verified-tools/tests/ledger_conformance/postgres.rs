@@ -307,6 +307,16 @@ async fn a_schema_made_by_a_migration_is_used_and_its_version_checked() {
     let fence = fresh(&ledger, k(1)).await;
     ledger.finish(k(1), fence, End::Completed(&Value(5))).await.unwrap();
     assert_eq!(replayed(&state(&ledger, k(1)).await), Some(5));
+    // A table dropped by hand: refused without schema creation, made again
+    // with it (a handle open meanwhile fails closed).
+    admin.batch_execute(&format!("DROP TABLE {}", table(&ledger))).await.unwrap();
+    assert!(unavailable(&ledger.claim(request(k(1), fp(1))).await));
+    match names.clone().with_schema_creation(false).connect(&url).await {
+        Err(LedgerError::Unavailable(why)) => assert!(why.contains("incomplete"), "{why}"),
+        other => panic!("an incomplete schema is refused, got {other:?}"),
+    }
+    let again = names.clone().connect(&url).await.expect("the table is made again");
+    fresh(&again, k(1)).await;
     // A schema of a later version is not written into.
     let version = format!(
         "CREATE OR REPLACE FUNCTION \"{}\".\"{}schema_version\"() RETURNS integer

@@ -168,7 +168,9 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// `CHECK` constraints tie the columns to the state, so a bug that would
 /// write an inconsistent record fails its transaction instead. A schema of
-/// another version (`vt_schema_version()`) is refused.
+/// another version (`vt_schema_version()`) is refused; one whose table or
+/// sequence was dropped is created again on the next opening (or refused,
+/// without schema creation), its records gone.
 ///
 /// # What the guarantees assume
 ///
@@ -808,17 +810,20 @@ impl Inner {
         let missing = |failure: &Failure| {
             failure.is(&SqlState::UNDEFINED_FUNCTION) || failure.is(&SqlState::INVALID_SCHEMA_NAME)
         };
-        match self.schema_version().await {
-            Ok(version) => return self.known(version),
-            Err(failure) if missing(&failure) && create => {}
-            Err(failure) if missing(&failure) => {
-                return Err(LedgerError::Unavailable(format!(
-                    "postgres: no ledger schema in \"{}\" with the prefix \"{}\": create it \
-                     (PostgresLedgerBuilder::schema_sql) or let the ledger create it",
-                    self.schema, self.prefix
-                )));
-            }
+        // `None`: the functions are there, their table or sequence is not.
+        let incomplete = match self.schema_version().await {
+            Ok(Some(version)) => return self.known(version),
+            Ok(None) => true,
+            Err(failure) if missing(&failure) => false,
             Err(failure) => return Err(failure.into_ledger()),
+        };
+        if !create {
+            let what = if incomplete { "an incomplete" } else { "no" };
+            return Err(LedgerError::Unavailable(format!(
+                "postgres: {what} ledger schema in \"{}\" with the prefix \"{}\": create it \
+                 (PostgresLedgerBuilder::schema_sql) or let the ledger create it",
+                self.schema, self.prefix
+            )));
         }
         let ddl = sql::schema_sql(&self.schema, &self.prefix);
         // Creating waits for the advisory lock of another process creating
@@ -838,11 +843,17 @@ impl Inner {
             Ok(created) => created.map_err(Failure::into_ledger)?,
             Err(_) => return Err(no_answer(patience)),
         }
-        let version = self.schema_version().await.map_err(Failure::into_ledger)?;
-        self.known(version)
+        match self.schema_version().await.map_err(Failure::into_ledger)? {
+            Some(version) => self.known(version),
+            None => Err(LedgerError::Unavailable(format!(
+                "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is still \
+                 incomplete after creating it",
+                self.schema, self.prefix
+            ))),
+        }
     }
 
-    async fn schema_version(&self) -> Result<i32, Failure> {
+    async fn schema_version(&self) -> Result<Option<i32>, Failure> {
         let rows = self.run(self.timeout, &self.sql.version, &[]).await?;
         first(&rows, "vt_schema_version()").map_err(Failure::Ledger)
     }

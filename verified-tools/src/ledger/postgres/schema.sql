@@ -297,7 +297,11 @@ BEGIN
 END
 $$;
 
--- Last: its presence says the schema above is complete.
+-- Last: the schema's version, NULL when its table or sequence is gone
+-- (the ledger then creates them again, if it may).
 CREATE OR REPLACE FUNCTION "public"."vt_schema_version"()
 RETURNS integer
-LANGUAGE sql IMMUTABLE AS $$ SELECT 1 $$;
+LANGUAGE sql STABLE AS $$
+    SELECT 1 WHERE to_regclass('"public"."vt_records"') IS NOT NULL
+        AND to_regclass('"public"."vt_fence"') IS NOT NULL
+$$;
