@@ -38,8 +38,9 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// - Claims, write-throughs, finishes and abandons are each one call of a
 ///   server-side function (PL/pgSQL, installed with the schema), in one
 ///   round trip: a successful call costs two, its claim (which records the
-///   first attempt) and its finish. Each runs as one transaction, under the
-///   record's row lock: two calls never both hold a key.
+///   first attempt) and its finish. Each is one transaction, and one that
+///   writes a record holds its row lock (a new key: its primary key's
+///   unique index): two calls never both hold a key.
 /// - Fences come from one sequence (`vt_fence`), so they grow across all
 ///   keys, processes and hosts.
 /// - Leases, settle times and expiries run on the database server's clock
@@ -85,10 +86,11 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///   or [`connect_tls`](PostgresLedgerBuilder::connect_tls) with a TLS
 ///   connector such as `postgres-native-tls` or `tokio-postgres-rustls`):
 ///   the ledger opens one connection and shares it between all its
-///   operations (tokio-postgres pipelines concurrent requests on it). A
-///   connection found closed, or that failed or timed out an operation, is
-///   replaced by a new one on the next operation: that operation fails
-///   closed, the next reconnects.
+///   operations (tokio-postgres pipelines concurrent requests on it). An
+///   operation whose connection breaks under it, or that gets no answer in
+///   time, fails closed, and the next operation connects anew; a connection
+///   found closed before an operation is replaced before anything is sent
+///   on it.
 /// - **A client you connected** ([`on_client`](PostgresLedgerBuilder::on_client)):
 ///   used as it is, concurrently. The ledger cannot reconnect it: once its
 ///   connection is gone, every operation fails with
