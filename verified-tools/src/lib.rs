@@ -135,6 +135,7 @@
 //! | [`MemoryLedger`](ledger::MemoryLedger) (the default of [`Context::new`]) | | one process | nothing |
 //! | `SqliteLedger` | `sqlite` | the processes of one host | `kill -9`, restarts |
 //! | `RedisLedger` | `redis` | processes and hosts | restarts of workers; of Redis, per its persistence |
+//! | `PostgresLedger` | `postgres` | processes and hosts | restarts of workers; of PostgreSQL, with durable commits |
 //!
 //! When the ledger's store cannot be reached, calls are refused before
 //! anything is dispatched ([`CallError::Ledger`]).

@@ -54,7 +54,7 @@ impl Backend for Postgres {
     }
 }
 
-crate::conformance!(server().map(|url| Postgres { url }), paused = false);
+crate::conformance!(server().map(|url| Postgres { url }), paused = false, operator = true);
 
 // ---------------------------------------------------------------- helpers
 
@@ -622,8 +622,9 @@ async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing()
 
     let cx = Context::new("billing").with_ledger(Arc::new(ledger));
     let dispatched = AtomicU32::new(0);
+    let sent = std::sync::Mutex::new(std::collections::HashSet::new());
     let call = |invoice: u64| {
-        let (dispatched, cx) = (&dispatched, &cx);
+        let (dispatched, sent, cx) = (&dispatched, &sent, &cx);
         async move {
             let result: ToolResult<u64, io::Error> = engine::call(
                 cx,
@@ -632,9 +633,17 @@ async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing()
                 &(invoice,),
                 |_attempt| {
                     dispatched.fetch_add(1, Ordering::SeqCst);
+                    sent.lock().unwrap().insert(invoice);
                     async move { Ok(invoice) }
                 },
-                Some(|_key| async { Verdict::Absent }),
+                // The postcondition: this invoice was sent (a high tool reads
+                // its OK answer back).
+                Some(|_key| async move {
+                    match sent.lock().unwrap().contains(&invoice) {
+                        true => Verdict::Holds(invoice),
+                        false => Verdict::Absent,
+                    }
+                }),
                 Codec::serde(),
             )
             .await;
