@@ -45,6 +45,46 @@
 //!    to what a repeat must know (its key and fingerprint: verify before
 //!    dispatching), and documents the hard bound past which it forgets
 //!    ([`MemoryLedger`]).
+//! 6. **Answers can be lost; every operation is safe to send again.** A
+//!    store across a network may run an operation and lose its answer (a
+//!    connection reset, a timeout, a restart). A backend retries such
+//!    transient failures itself, with backoff, within its own bound (and the
+//!    engine drops a claim or a write-through at the call's deadline), so
+//!    each operation
+//!    must mean the same sent twice: a claim sent again is answered with the
+//!    hold it took (a backend recognises its own claim, e.g. by a token kept
+//!    in the record), never "in flight" on it; a write-through sent again
+//!    writes the same attempt; a finish that landed is answered done, not
+//!    fenced. Only then does it fail closed ([`LedgerError::Unavailable`]).
+//!
+//! # Attempts that never left
+//!
+//! A record counts the attempts that *may* have gone out: an attempt is
+//! counted when it is announced, by the claim (the first one,
+//! [`ClaimRequest::first`]) or by [`Ledger::dispatching`], before it goes out.
+//! The engine dispatches an attempt only once its announcement answered
+//! `Ok`: a caller that got an error, or no answer, did not send it. So the
+//! count is one too high exactly when an announcement landed and its answer
+//! was lost, and the backend, which saw its own operation fail, knows when
+//! that may be:
+//!
+//! - a claim whose caller never got its answer is undone: a fresh hold is
+//!   removed (as if never claimed: its first attempt never left), a hold
+//!   taken over goes back in doubt as it was;
+//! - an attempt whose write-through never reached its caller is taken back
+//!   (the record counts one less), if the record is still that hold's and
+//!   the write is its last.
+//!
+//! That undoing is itself an operation on the store, done in the background
+//! and retried for a while. If it never lands (the store stays away, the
+//! process ends), the record keeps the attempt: conservative, for the next
+//! call verifies before it dispatches and has one attempt less, but never
+//! sends twice. A call whose every attempt provably never left is thus
+//! dispatched by a repeat, within the key's budget, as soon as the store
+//! answers again; it is never told the budget is spent by attempts that were
+//! only announced. A ledger in the process (or one whose operations are
+//! transactions that a dropped caller rolls back) has no lost answers and
+//! nothing to undo.
 //!
 //! # What fencing does not stop: a holder paused past its lease
 //!
@@ -133,6 +173,8 @@ impl Settle {
 pub struct Progress {
     /// Attempts dispatched under the key by every call together, this one
     /// included: the retry budget is per logical call, not per invocation.
+    /// In a record, the attempts that may have gone out: announced, and not
+    /// taken back (see [attempts that never left](self#attempts-that-never-left)).
     pub attempts: u32,
     /// The last attempt answered OK but the verifier did not confirm it: the
     /// server has recorded the key, so nothing is dispatched under it again.
@@ -377,9 +419,16 @@ pub trait Ledger: Send + Sync {
     /// in doubt, claims it for the caller, atomically.
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim>;
 
-    /// Records, before an attempt goes out, what the holder has done so far.
-    /// Fails with [`LedgerError::Fenced`] when the hold was taken over: the
-    /// caller must then not dispatch.
+    /// Records, before an attempt goes out, what the holder has done so far:
+    /// `progress.attempts` is the number of the attempt about to go out, so
+    /// that the same write sent again is harmless. Fails with
+    /// [`LedgerError::Fenced`] when the hold was taken over.
+    ///
+    /// The caller dispatches the attempt only when this answers `Ok`: after
+    /// any error (or when it drops the future first) it does not, and the
+    /// backend may take the attempt back (see [attempts that never
+    /// left](self#attempts-that-never-left)). To try again, the caller writes
+    /// through again before it dispatches.
     fn dispatching(
         &self,
         key: IdempotencyKey,

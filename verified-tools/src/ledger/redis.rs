@@ -8,11 +8,14 @@
 //! one round trip (`EVALSHA`; the scripts are loaded at connect, and again
 //! by the client after a Redis restart empties the script cache).
 
+use std::future::Future;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, RedisError, Script, ScriptInvocation, Value};
+use redis::{Cmd, ErrorKind, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
+use tokio::time::{Instant, sleep, timeout_at};
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
@@ -24,32 +27,52 @@ use crate::{IdempotencyKey, PayloadDigest};
 ///
 /// KEYS: the fence counter, the record [, the previous bucket's record].
 /// ARGV: fingerprint, previous fingerprint, lease (µs), the first attempt's
-/// attempts, after-OK flag and settle time (µs from now, -1: never).
+/// attempts, after-OK flag and settle time (µs from now, -1: never), the
+/// claim's token.
 ///
 /// Replies `{kind, which, ...}`: `which` 0 for the key, 1 for the previous
 /// one; kind 1 fresh `{fence}`, 2 resume `{fence, attempts, after_ok, settle
 /// left (µs, -1: never)}`, 3 completed `{has value, value}`, 4 in flight
 /// `{lease left (µs)}`, 5 mismatch.
+///
+/// The token makes the claim safe to send again when its answer was lost: a
+/// hold taken with it is answered again as it was taken (`w`: `f` fresh, `r`
+/// resumed), its lease renewed, and nothing else written. A hold of this
+/// token that has ended since (its holder finished, which it could only do
+/// after it got the answer) is an echo nobody waits for: answered in flight
+/// for 0 µs, so that a caller still there claims anew.
 const CLAIM: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local lease = tonumber(ARGV[3])
+local token = ARGV[7]
 local function int(x) return string.format('%.0f', x) end
+local function settle_left(at)
+  if at then return math.max(0, tonumber(at) - now) end
+  return -1
+end
 local function take(key, fp, which)
-  local r = redis.call('HMGET', key, 'f', 's', 'l', 'a', 'o', 't', 'v')
+  local r = redis.call('HMGET', key, 'f', 's', 'l', 'a', 'o', 't', 'v', 'n', 'c', 'w')
   if not r[1] then
     local fence = redis.call('INCR', KEYS[1])
     local fields = {'f', fp, 's', 'h', 'n', int(fence), 'l', int(now + lease),
-      'a', ARGV[4], 'o', ARGV[5]}
+      'a', ARGV[4], 'o', ARGV[5], 'c', token, 'w', 'f'}
     local settle = tonumber(ARGV[6])
     if settle >= 0 then
-      fields[13] = 't'
-      fields[14] = int(now + settle)
+      fields[17] = 't'
+      fields[18] = int(now + settle)
     end
     redis.call('HSET', key, unpack(fields))
     return {1, which, fence}
   end
   if r[1] ~= fp then return {5, which} end
+  if r[9] == token and r[2] ~= 'c' then
+    if r[2] ~= 'h' then return {4, which, 0} end
+    redis.call('HSET', key, 'l', int(now + lease))
+    local fence = tonumber(r[8])
+    if r[10] == 'f' then return {1, which, fence} end
+    return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle_left(r[6])}
+  end
   if r[2] == 'c' then
     if r[7] then return {3, which, 1, r[7]} end
     return {3, which, 0}
@@ -60,11 +83,9 @@ local function take(key, fp, which)
   end
   -- In doubt, settled, or held past its lease: taken over, to verify first.
   local fence = redis.call('INCR', KEYS[1])
-  redis.call('HSET', key, 's', 'h', 'n', int(fence), 'l', int(now + lease))
+  redis.call('HSET', key, 's', 'h', 'n', int(fence), 'l', int(now + lease), 'c', token, 'w', 'r')
   redis.call('PERSIST', key)
-  local settle = -1
-  if r[6] then settle = math.max(0, tonumber(r[6]) - now) end
-  return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle}
+  return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle_left(r[6])}
 end
 if KEYS[3] then
   local f = redis.call('HGET', KEYS[3], 'f')
@@ -74,12 +95,16 @@ return take(KEYS[2], ARGV[1], 0)
 ";
 
 /// Records the holder's progress. KEYS: the record. ARGV: fence, attempts,
-/// after-OK flag, settle time (µs from now, -1: never). Replies 1, or 0 when
-/// the fence does not hold the key.
+/// after-OK flag, settle time (µs from now, -1: never), the write's token.
+/// Replies 1, or 0 when the fence does not hold the key.
+///
+/// Sent again after a lost answer it writes the same (the settle time from
+/// a later now: later, never earlier). The token (`q`) lets [`WITHDRAW`]
+/// take back this announcement, and only this one.
 const DISPATCHING: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 'n')
 if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'a', ARGV[2], 'o', ARGV[3])
+redis.call('HSET', KEYS[1], 'a', ARGV[2], 'o', ARGV[3], 'q', ARGV[5])
 local settle = tonumber(ARGV[4])
 if settle >= 0 then
   local t = redis.call('TIME')
@@ -93,13 +118,20 @@ return 1
 
 /// Ends a hold. KEYS: the record. ARGV: fence, end (`c`, `s` or `d`), TTL
 /// (ms) [, the value]. Replies 1, or 0 when the fence does not hold the key.
+///
+/// `e` keeps the fence whose finish landed: sent again after a lost answer,
+/// the finish is answered done, even if another call took the key over in
+/// between (it took over what this finish wrote).
 const FINISH: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'n')
-if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
+local r = redis.call('HMGET', KEYS[1], 's', 'n', 'e')
+if r[1] ~= 'h' or r[2] ~= ARGV[1] then
+  if r[3] == ARGV[1] then return 1 end
+  return 0
+end
 if ARGV[2] == 'c' and ARGV[4] then
-  redis.call('HSET', KEYS[1], 's', 'c', 'v', ARGV[4])
+  redis.call('HSET', KEYS[1], 's', 'c', 'e', ARGV[1], 'v', ARGV[4])
 else
-  redis.call('HSET', KEYS[1], 's', ARGV[2])
+  redis.call('HSET', KEYS[1], 's', ARGV[2], 'e', ARGV[1])
 end
 if ARGV[2] ~= 'd' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
@@ -111,6 +143,36 @@ const ABANDON: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 'n')
 if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 's', 'd')
+return 1
+";
+
+/// Undoes a claim whose caller never learnt it held the key (its answer was
+/// lost and its retries ran out, or its future was dropped): a fresh hold is
+/// deleted (the key is as if never claimed: its first attempt never went
+/// out), a hold taken over goes back in doubt, its progress as it was.
+/// KEYS: the record [, the previous bucket's record]. ARGV: the claim's
+/// token. Replies 1 when a hold was undone, else 0.
+const RELEASE: &str = r"
+for _, key in ipairs(KEYS) do
+  local r = redis.call('HMGET', key, 's', 'c', 'w')
+  if r[1] == 'h' and r[2] == ARGV[1] then
+    if r[3] == 'f' then redis.call('DEL', key) else redis.call('HSET', key, 's', 'd') end
+    return 1
+  end
+end
+return 0
+";
+
+/// Takes back an attempt announced by a write-through whose answer never
+/// reached its caller (so the caller did not dispatch it): only while the
+/// record is still that hold's (its fence), still counts that attempt, and
+/// that announcement is the last (its token). KEYS: the record. ARGV: fence,
+/// attempt, the write's token. Replies 1 when taken back, else 0.
+const WITHDRAW: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'n', 'a', 'q')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[1], 'a', string.format('%.0f', tonumber(ARGV[2]) - 1))
+redis.call('HDEL', KEYS[1], 'q')
 return 1
 ";
 
@@ -127,30 +189,33 @@ return out
 ";
 
 /// Records a person's decision about a record in doubt. KEYS: the fence
-/// counter, the record. ARGV: `c` (applied) or `s` (not applied), TTL (ms).
-/// Replies the state before as its letter (`h` only for a live hold: a hold
-/// past its lease is `d`, and resolved), or 0 when there is no record. Only
-/// `d` changed anything.
+/// counter, the record. ARGV: `c` (applied) or `s` (not applied), TTL (ms),
+/// the decision's token. Replies the state before as its letter (`h` only
+/// for a live hold: a hold past its lease is `d`, and resolved), or 0 when
+/// there is no record. Only `d` changed anything. Sent again after a lost
+/// answer (the record keeps the token, `r`), it answers `d` again.
 const RESOLVE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local r = redis.call('HMGET', KEYS[2], 's', 'l')
+local r = redis.call('HMGET', KEYS[2], 's', 'l', 'r')
 if not r[1] then return 0 end
+if r[3] == ARGV[3] then return 'd' end
 if r[1] == 'h' and tonumber(r[2]) > now then return 'h' end
 if r[1] ~= 'h' and r[1] ~= 'd' then return r[1] end
 local fence = string.format('%.0f', redis.call('INCR', KEYS[1]))
 if ARGV[1] == 'c' then
-  redis.call('HSET', KEYS[2], 's', 'c', 'n', fence)
+  redis.call('HSET', KEYS[2], 's', 'c', 'n', fence, 'r', ARGV[3])
 else
   redis.call('HSET', KEYS[2], 's', 's', 'n', fence, 'a', '0', 'o', '0',
-    't', string.format('%.0f', now))
+    't', string.format('%.0f', now), 'r', ARGV[3])
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 'd'
 ";
 
-static SCRIPTS: LazyLock<[Script; 6]> =
-    LazyLock::new(|| [CLAIM, DISPATCHING, FINISH, ABANDON, READ, RESOLVE].map(Script::new));
+static SCRIPTS: LazyLock<[Script; 8]> = LazyLock::new(|| {
+    [CLAIM, DISPATCHING, FINISH, ABANDON, READ, RESOLVE, RELEASE, WITHDRAW].map(Script::new)
+});
 
 fn script(which: usize) -> &'static Script {
     &SCRIPTS[which]
@@ -162,10 +227,24 @@ const S_FINISH: usize = 2;
 const S_ABANDON: usize = 3;
 const S_READ: usize = 4;
 const S_RESOLVE: usize = 5;
+const S_RELEASE: usize = 6;
+const S_WITHDRAW: usize = 7;
 
 /// Keys asked of `SCAN` per round trip by [`Ledger::in_doubt`], and records
 /// read per `READ` script.
 const SCAN_COUNT: usize = 256;
+
+/// The first pause before an operation is sent again after a transient
+/// failure; each later one doubles, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The longest pause between two tries of one operation.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// How long the undoing of an unanswered claim or write-through is retried
+/// in the background: a store that comes back within it gets the record
+/// right; later, the record stays conservative.
+const UNDO_FOR: Duration = Duration::from_secs(30);
 
 /// Durations sent to Redis are capped here (about 35 years): the scripts'
 /// arithmetic is on doubles, exact below 2^53 µs.
@@ -264,6 +343,10 @@ const MAX_MICROS: u64 = 1 << 50;
 /// | `o` | `1` when the last attempt answered OK unconfirmed |
 /// | `t` | when the last attempt settles (Redis `TIME`, µs; absent: never) |
 /// | `v` | a completed call's value, as JSON (absent: not serializable) |
+/// | `c`, `w` | the token of the claim that took the hold, and how: `f` fresh, `r` taken over |
+/// | `q` | the token of the last write-through |
+/// | `e` | the fence whose finish landed |
+/// | `r` | the token of the operator's decision, if one was made |
 ///
 /// # Time
 ///
@@ -277,15 +360,43 @@ const MAX_MICROS: u64 = 1 << 50;
 /// Every operation is bounded: the connection and each answer time out after
 /// [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) (see
 /// [`connect_with_timeout`](Self::connect_with_timeout)), and a whole
-/// operation after twice that. A Redis that is down or does not answer gives
+/// operation, its retries included, after twice that (see
+/// [`with_retry_for`](Self::with_retry_for)).
+///
+/// Within that bound an operation rides over what a restart or a failover
+/// looks like from the client: a connection reset, refused or closed, a
+/// broken pipe, an answer that does not come (the connection is
+/// re-established by itself), and Redis's `LOADING` (a restarted server
+/// reading its AOF), `TRYAGAIN`, `MASTERDOWN` and `READONLY` (a primary
+/// demoted mid-failover): each is sent again, after a pause that doubles from
+/// 10 ms up to 250 ms. Any other error (`NOPERM`, `OOM`, a script error) is
+/// not retried. A Redis that stays down or silent for the whole bound gives
 /// [`LedgerError::Unavailable`], and the engine refuses the call before it
-/// dispatches. A connection found broken is re-established, and the
-/// operation retried once on it (a claim or write that did land the first
-/// time is then answered as in flight or fenced: conservative, never a
-/// second dispatch). Likewise a claim that timed out may still have landed
-/// (a Redis that hangs runs its queue when it wakes): its key then stays
-/// held until the lease ends, and the next call takes it over in doubt and
-/// verifies first.
+/// dispatches (fail closed). The engine drops a claim or a write-through at
+/// its call's deadline, which ends its retries.
+///
+/// Sending an operation again is safe even when the first try did land and
+/// only its answer was lost:
+///
+/// - a claim carries a random token, kept in the record: sent again, it is
+///   answered with the hold it took (the same fence, fresh or resumed), not
+///   "in flight" on its own hold;
+/// - a write-through writes the same progress again, and a finish that
+///   landed is answered done;
+/// - a claim whose caller never got its answer (the retries ran out, or the
+///   engine dropped it at the call's deadline) is undone in the background
+///   by its token: a fresh hold is deleted (its first attempt never went
+///   out), a hold taken over goes back in doubt;
+/// - a write-through whose caller never got its answer did not dispatch its
+///   attempt (the engine halts): the attempt is taken back in the background
+///   (the record counts one attempt less), if the record is still that
+///   hold's and that write was the last.
+///
+/// The undoing is retried for 30 seconds on the current tokio runtime; if
+/// Redis stays away longer (or the process ends), the record stays as the
+/// store has it: a hold that ends with its lease, then is taken over in
+/// doubt, with one attempt counted that never left. That is conservative:
+/// the next call verifies before it dispatches, with one attempt less.
 ///
 /// # The operator's door
 ///
@@ -321,6 +432,7 @@ pub struct RedisLedger {
     lease: Duration,
     ttl: Duration,
     timeout: Duration,
+    retry_for: Duration,
 }
 
 impl RedisLedger {
@@ -353,16 +465,16 @@ impl RedisLedger {
     }
 
     /// Like [`connect`](Self::connect), with another timeout for connecting
-    /// and for each answer (a whole operation is bounded by twice it): long
-    /// enough for the server's fsync under load, short enough that calls
-    /// are refused promptly when Redis is down.
+    /// and for each answer (a whole operation, its retries included, is
+    /// bounded by twice it): long enough for the server's fsync under load,
+    /// short enough that calls are refused promptly when Redis is down.
     pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<Self, LedgerError> {
         let client = redis::Client::open(url).map_err(unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
+            .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(200));
         let connecting = async {
             let mut conn = ConnectionManager::new_with_config(client, config).await?;
@@ -373,7 +485,7 @@ impl RedisLedger {
         };
         let conn = match tokio::time::timeout(bound(timeout), connecting).await {
             Ok(connected) => connected.map_err(unavailable)?,
-            Err(_) => return Err(no_answer(bound(timeout))),
+            Err(_) => return Err(no_answer(bound(timeout), None)),
         };
         Ok(Self {
             conn,
@@ -381,7 +493,19 @@ impl RedisLedger {
             lease: Duration::from_secs(600),
             ttl: Duration::from_secs(24 * 3600),
             timeout,
+            retry_for: bound(timeout),
         })
+    }
+
+    /// Sets how long one operation may take, its retries of transient
+    /// failures included (twice the timeout by default): how long a restart
+    /// or a failover of Redis may last before calls are refused. A Redis
+    /// that loads a large AOF after a restart, or a Sentinel failover, may
+    /// need a few seconds; the engine bounds every operation by its call's
+    /// deadline as well.
+    pub fn with_retry_for(mut self, retry_for: Duration) -> Self {
+        self.retry_for = retry_for;
+        self
     }
 
     /// Sets the prefix of the ledger's keys (`vt:` by default): ledgers with
@@ -424,6 +548,11 @@ impl RedisLedger {
         self.timeout
     }
 
+    /// How long one operation may take, its retries included.
+    pub fn retry_for(&self) -> Duration {
+        self.retry_for
+    }
+
     /// The Redis key of the fence counter.
     fn fence_key(&self) -> String {
         format!("{}fence", self.prefix)
@@ -446,25 +575,35 @@ impl RedisLedger {
     }
 
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, LedgerError> {
-        run(self.conn.clone(), self.timeout, invocation).await
+        run(&self.conn, self.retry_for, invocation).await
     }
 
-    /// Runs a read-only command, bounded, retrying once on a connection
-    /// found broken (reading twice is harmless).
+    /// Runs a read-only command, bounded, retrying transient failures.
     async fn query(&self, cmd: &Cmd) -> Result<Value, LedgerError> {
-        let mut conn = self.conn.clone();
-        let attempts = async {
-            match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
-                    cmd.query_async::<Value>(&mut conn).await
-                }
-                other => other,
+        retrying(self.retry_for, || {
+            let mut conn = self.conn.clone();
+            async move { cmd.query_async::<Value>(&mut conn).await }
+        })
+        .await
+    }
+
+    /// Runs a script in the background, retrying for [`UNDO_FOR`]: what a
+    /// destructor or a failed operation leaves to be done. Without a
+    /// runtime, or if Redis stays away, it is lost, and the record stays
+    /// conservative.
+    fn spawn(&self, which: usize, keys: Vec<String>, args: Vec<String>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let conn = self.conn.clone();
+        runtime.spawn(async move {
+            let mut invocation = script(which).prepare_invoke();
+            for key in keys {
+                invocation.key(key);
             }
-        };
-        match tokio::time::timeout(bound(self.timeout), attempts).await {
-            Ok(answer) => answer.map_err(unavailable),
-            Err(_) => Err(no_answer(bound(self.timeout))),
-        }
+            for arg in args {
+                invocation.arg(arg);
+            }
+            let _ = run(&conn, UNDO_FOR, &invocation).await;
+        });
     }
 
     /// The records of `keys`, read in one script at one instant of Redis's
@@ -479,27 +618,107 @@ impl RedisLedger {
     }
 }
 
-/// Runs a script, bounded, retrying once on a connection found broken.
+/// Runs a script, retrying transient failures within `budget`.
 async fn run(
-    mut conn: ConnectionManager,
-    timeout: Duration,
+    conn: &ConnectionManager,
+    budget: Duration,
     invocation: &ScriptInvocation<'_>,
 ) -> Result<Value, LedgerError> {
-    let attempts = async {
-        match invocation.invoke_async::<Value>(&mut conn).await {
-            // The connection was found closed or refused: the manager has
-            // started to re-establish it. A script that did run before the
-            // connection broke answers the retry conservatively (in flight,
-            // fenced), never with a second claim.
-            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
-                invocation.invoke_async::<Value>(&mut conn).await
-            }
-            other => other,
+    retrying(budget, || {
+        let mut conn = conn.clone();
+        async move { invocation.invoke_async::<Value>(&mut conn).await }
+    })
+    .await
+}
+
+/// Tries `op` until it answers, within `budget`: a transient failure (what a
+/// restart or a failover looks like, see [`transient`]) is tried again after
+/// a pause that doubles; any other error, or the budget spent, fails.
+///
+/// Every operation of this ledger is safe to send again after its answer was
+/// lost (see [Failures](RedisLedger#failures)): that is what makes a retry
+/// on a connection that broke after the server ran the script harmless.
+async fn retrying<F, Fut>(budget: Duration, mut op: F) -> Result<Value, LedgerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Value, RedisError>>,
+{
+    let deadline = Instant::now() + budget;
+    let mut pause = FIRST_BACKOFF;
+    let mut last = None;
+    loop {
+        let error = match timeout_at(deadline, op()).await {
+            Err(_) => return Err(no_answer(budget, last.as_ref())),
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) if transient(&error) => error,
+            Ok(Err(error)) => return Err(unavailable(error)),
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(unavailable(error));
         }
-    };
-    match tokio::time::timeout(bound(timeout), attempts).await {
-        Ok(answer) => answer.map_err(unavailable),
-        Err(_) => Err(no_answer(bound(timeout))),
+        last = Some(error);
+        sleep(pause.min(left)).await;
+        pause = (pause * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Whether an error is what a restart, a failover or a lossy network looks
+/// like, and goes away by itself: the connection reset, refused or closed,
+/// an I/O error or an answer that timed out (the connection manager
+/// re-establishes the connection), or Redis saying it cannot serve yet.
+/// `BUSY` is not among them: it is a script that runs too long, not a store
+/// coming back.
+fn transient(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::ClusterDown
+            )
+        )
+}
+
+/// A fresh random token: a claim's, a write-through's or a decision's, so
+/// that the store recognises it when it is sent again.
+fn token() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    // RandomState's keys are random per process; the counter makes every
+    // token of the process differ.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    RandomState::new().hash_one(NEXT.fetch_add(1, Ordering::Relaxed)).to_string()
+}
+
+/// Undoes, when dropped armed, what an operation may have written for a
+/// caller that never got its answer (see [`RELEASE`], [`WITHDRAW`]).
+struct Unanswered<'a> {
+    ledger: &'a RedisLedger,
+    which: usize,
+    keys: Vec<String>,
+    args: Vec<String>,
+    armed: bool,
+}
+
+impl Unanswered<'_> {
+    /// The caller has the answer: nothing to undo.
+    fn answered(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (keys, args) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.args));
+            self.ledger.spawn(self.which, keys, args);
+        }
     }
 }
 
@@ -511,8 +730,13 @@ fn unavailable(error: RedisError) -> LedgerError {
     LedgerError::Unavailable(format!("redis: {error}"))
 }
 
-fn no_answer(after: Duration) -> LedgerError {
-    LedgerError::Unavailable(format!("redis: no answer within {after:?}"))
+fn no_answer(after: Duration, last: Option<&RedisError>) -> LedgerError {
+    match last {
+        Some(error) => {
+            LedgerError::Unavailable(format!("redis: {error} (still failing after {after:?})"))
+        }
+        None => LedgerError::Unavailable(format!("redis: no answer within {after:?}")),
+    }
 }
 
 fn corrupt(what: &str, reply: &Value) -> LedgerError {
@@ -706,11 +930,14 @@ impl Ledger for RedisLedger {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
         LedgerFuture::boxed(async move {
             let first = request.first;
+            let token = token();
+            let mut records = vec![self.record_key(request.key)];
             let mut invocation = script(S_CLAIM).prepare_invoke();
-            invocation.key(self.fence_key()).key(self.record_key(request.key));
+            invocation.key(self.fence_key()).key(&records[0]);
             let previous_fingerprint = match request.previous {
                 Some((previous, fingerprint)) => {
-                    invocation.key(self.record_key(previous));
+                    records.push(self.record_key(previous));
+                    invocation.key(&records[1]);
                     fingerprint_hex(fingerprint)
                 }
                 None => String::new(),
@@ -721,9 +948,20 @@ impl Ledger for RedisLedger {
                 .arg(micros(self.lease))
                 .arg(first.attempts)
                 .arg(u8::from(first.after_ok))
-                .arg(settle_arg(first.settle));
-            let reply = self.run(&invocation).await?;
-            claimed(&reply, &request)
+                .arg(settle_arg(first.settle))
+                .arg(&token);
+            // Until the caller has the answer, the claim may hold the key
+            // for nobody: dropped or failed, it is released by its token.
+            let unanswered = Unanswered {
+                ledger: self,
+                which: S_RELEASE,
+                keys: records.clone(),
+                args: vec![token.clone()],
+                armed: true,
+            };
+            let claim = claimed(&self.run(&invocation).await?, &request)?;
+            unanswered.answered();
+            Ok(claim)
         })
     }
 
@@ -734,14 +972,30 @@ impl Ledger for RedisLedger {
         progress: Progress,
     ) -> LedgerFuture<'_, ()> {
         LedgerFuture::boxed(async move {
+            let (record, token) = (self.record_key(key), token());
             let mut invocation = script(S_DISPATCHING).prepare_invoke();
             invocation
-                .key(self.record_key(key))
+                .key(&record)
                 .arg(fence_arg(fence))
                 .arg(progress.attempts)
                 .arg(u8::from(progress.after_ok))
-                .arg(settle_arg(progress.settle));
-            fenced("dispatching", &self.run(&invocation).await?, fence)
+                .arg(settle_arg(progress.settle))
+                .arg(&token);
+            // A caller without the answer does not dispatch the attempt
+            // (the contract): if the write landed, the attempt is taken back.
+            let unanswered = Unanswered {
+                ledger: self,
+                which: S_WITHDRAW,
+                keys: vec![record.clone()],
+                args: vec![fence_arg(fence), progress.attempts.to_string(), token.clone()],
+                armed: true,
+            };
+            let reply = self.run(&invocation).await?;
+            let written = fenced("dispatching", &reply, fence);
+            if !matches!(written, Err(LedgerError::Corrupt(_))) {
+                unanswered.answered();
+            }
+            written
         })
     }
 
@@ -774,13 +1028,7 @@ impl Ledger for RedisLedger {
     fn abandon(&self, key: IdempotencyKey, fence: Fence) {
         // Called from a destructor: never blocks. Without a runtime, or if
         // the write is lost, the lease ends the hold.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (conn, timeout, record) = (self.conn.clone(), self.timeout, self.record_key(key));
-        runtime.spawn(async move {
-            let mut invocation = script(S_ABANDON).prepare_invoke();
-            invocation.key(record).arg(fence_arg(fence));
-            let _ = run(conn, timeout, &invocation).await;
-        });
+        self.spawn(S_ABANDON, vec![self.record_key(key)], vec![fence_arg(fence)]);
     }
 
     fn lease(&self) -> Duration {
@@ -833,7 +1081,7 @@ impl Ledger for RedisLedger {
                 Resolution::Applied => "c",
                 Resolution::NotApplied => "s",
             };
-            invocation.arg(state).arg(millis(self.ttl));
+            invocation.arg(state).arg(millis(self.ttl)).arg(token());
             resolved(&self.run(&invocation).await?)
         })
     }

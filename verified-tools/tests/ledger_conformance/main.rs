@@ -9,4 +9,5 @@ mod suite;
 mod memory;
 mod postgres;
 mod redis;
+mod redis_lost_answers;
 mod sqlite;

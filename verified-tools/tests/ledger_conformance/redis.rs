@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use verified_tools::ledger::{Claimed, Codec, End, Ledger, LedgerError, RedisLedger, Replay};
-use verified_tools::{CallError, Context, SideEffect, ToolResult, ToolSpec, Verdict, engine};
+use verified_tools::{
+    CallError, Context, Proof, SideEffect, ToolResult, ToolSpec, Verdict, engine,
+};
 
 use crate::suite::{self, Backend, Config};
 use crate::support::redis::RedisServer;
@@ -40,7 +42,7 @@ crate::conformance!(
 );
 
 /// A namespace no other test (nor an earlier run on the same server) uses.
-fn unique_prefix() -> String {
+pub fn unique_prefix() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -133,7 +135,9 @@ async fn a_settled_record_taken_over_loses_its_expiry() {
     // A settled record expires after the TTL; once a call resumes it, it is
     // held, then in doubt: it must not expire any more.
     let Some(server) = RedisServer::shared() else { return };
-    let ttl = Duration::from_millis(400);
+    // Long enough that the resume below comes before it on a loaded machine;
+    // the check after it only gains from waiting longer.
+    let ttl = Duration::from_secs(2);
     let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
     let ledger = ledger.with_prefix(unique_prefix()).with_ttl(ttl);
     let k = suite::key(4);
@@ -148,7 +152,7 @@ async fn a_settled_record_taken_over_loses_its_expiry() {
         panic!("a settled key is resumed")
     };
     ledger.finish(k, fence, End::InDoubt).await.unwrap();
-    tokio::time::sleep(ttl + suite::SLACK).await;
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
     match ledger.claim(suite::request(k, suite::fp(4))).await.unwrap().state {
         Claimed::Resume(_, progress) => assert_eq!(progress.attempts, 1),
         other => panic!("the record in doubt is still there, got {other:?}"),
@@ -210,4 +214,93 @@ async fn the_engine_refuses_calls_while_redis_is_down() {
     server.restart();
     assert!(matches!(call(2).await, ToolResult::Success { value: 2, .. }));
     assert_eq!(dispatched.load(Ordering::SeqCst), 2);
+}
+
+// ---------------------------------------------------------------- restarts
+
+/// A server whose restarts answer `LOADING` for about 1.5 s (1 500 keys in
+/// the AOF's base, 1 ms each), as one with a large data set does.
+fn slow_to_load() -> Option<RedisServer> {
+    let server = RedisServer::private()?;
+    server.fill(1_500);
+    Some(server)
+}
+
+const LOAD_SLOWLY: [&str; 2] = ["--key-load-delay", "1000"];
+
+/// Long enough to ride over a restart that loads for 1.5 s on a loaded
+/// machine.
+const RIDE_OVER: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_rides_over_a_restart_refused_then_loading() {
+    let Some(mut server) = slow_to_load() else { return };
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = Arc::new(ledger.with_prefix(unique_prefix()).with_retry_for(RIDE_OVER));
+    let k = suite::key(20);
+    server.stop();
+    let claiming = {
+        let ledger = Arc::clone(&ledger);
+        tokio::spawn(async move { ledger.claim(suite::request(k, suite::fp(20))).await })
+    };
+    // The claim meets a refused connection first, then `LOADING`.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart_with(&LOAD_SLOWLY);
+    let started = Instant::now();
+    let loading = loop {
+        let answer = server.try_command("PING").unwrap_or_default();
+        if answer.starts_with("-LOADING") || started.elapsed() > Duration::from_secs(5) {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(loading.starts_with("-LOADING"), "the restarted server loads: {loading}");
+    match claiming.await.expect("no panic") {
+        Ok(claim) => assert!(matches!(claim.state, Claimed::Fresh(_)), "{claim:?}"),
+        Err(error) => panic!("the claim did not ride over the restart: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_rides_over_a_restart_mid_call() {
+    let Some(server) = slow_to_load() else { return };
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = ledger.with_prefix(unique_prefix()).with_retry_for(RIDE_OVER);
+    let cx = Context::new("agent")
+        .with_ledger(Arc::new(ledger))
+        .with_in_flight(verified_tools::InFlight::Return);
+    let server = std::sync::Mutex::new(server);
+    let dispatched = AtomicU32::new(0);
+    let call = || {
+        engine::call(
+            &cx,
+            &SEND,
+            &(7u64,),
+            &(7u64,),
+            |_attempt| {
+                // Redis crashes while the attempt is out, and comes back
+                // loading: the call's finish meets it refused, then loading.
+                if dispatched.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let mut server = server.lock().unwrap();
+                    server.stop();
+                    server.restart_with(&LOAD_SLOWLY);
+                }
+                async { Ok::<u64, io::Error>(7) }
+            },
+            Some(|_key| async { Verdict::Absent }),
+            Codec::serde(),
+        )
+    };
+    let first = call().await;
+    assert!(
+        matches!(first, ToolResult::Success { value: 7, proof: Proof::Response, .. }),
+        "{first:?}"
+    );
+    // The finish landed: a repeat replays, nothing is sent again.
+    let again = call().await;
+    assert!(
+        matches!(again, ToolResult::Success { value: 7, proof: Proof::Ledger, .. }),
+        "{again:?}"
+    );
+    assert_eq!(dispatched.load(Ordering::SeqCst), 1);
 }

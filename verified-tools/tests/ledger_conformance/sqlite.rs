@@ -452,14 +452,60 @@ async fn a_claim_given_up_while_it_waits_holds_nothing() {
     assert!(matches!(state(&ledger, k(1), 1).await, Claimed::Fresh(_)));
 }
 
+#[tokio::test]
+async fn a_lock_held_past_the_busy_timeout_is_waited_out() {
+    let db = TempDb::new("busy");
+    let busy = Duration::from_millis(1500);
+    let ledger = SqliteLedger::open(db.path()).unwrap().with_busy_timeout(busy).unwrap();
+    let other = raw(&db);
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let claiming = ledger.claim(request(k(1), fp(1)));
+    let release = async {
+        // Past the busy timeout, well within twice it.
+        sleep(busy + Duration::from_millis(300)).await;
+        other.execute_batch("COMMIT").unwrap();
+    };
+    let (claim, ()) = tokio::join!(claiming, release);
+    match claim {
+        Ok(Claim { state: Claimed::Fresh(_), .. }) => {}
+        other => panic!("the claim waits the lock out, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_write_through_given_up_while_it_waits_counts_no_attempt() {
+    let db = TempDb::new("given-up-write");
+    let ledger = SqliteLedger::open(db.path()).unwrap();
+    let fence = fresh(&ledger, k(1), 1).await;
+    let other = raw(&db);
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // The call's deadline strikes while its write-through waits: the
+    // attempt is not dispatched, so it must not be counted.
+    let second = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    let waited =
+        tokio::time::timeout(Duration::from_millis(100), ledger.dispatching(k(1), fence, second));
+    assert!(waited.await.is_err(), "the write-through waits for the lock");
+    other.execute_batch("COMMIT").unwrap();
+    ledger.finish(k(1), fence, End::InDoubt).await.unwrap();
+    match state(&ledger, k(1), 1).await {
+        Claimed::Resume(_, progress) => assert_eq!(progress.attempts, 1),
+        other => panic!("in doubt, got {other:?}"),
+    }
+}
+
 // ---------------------------------------------------------------- expiry
 
 #[tokio::test]
 async fn expired_records_are_purged_records_in_doubt_never() {
     let db = TempDb::new("purge");
-    // Long enough that no record expires before the test means it to.
-    let ttl = Duration::from_secs(2);
-    let ledger = SqliteLedger::open(db.path()).unwrap().with_ttl(ttl);
+    // Long enough that no record expires before the test means it to, even
+    // with a build beside it (82 transactions first, without an fsync each).
+    let ttl = Duration::from_secs(4);
+    let ledger = SqliteLedger::open(db.path())
+        .unwrap()
+        .with_ttl(ttl)
+        .with_power_loss_durability(false)
+        .unwrap();
     let conn = raw(&db);
     let doubt = fresh(&ledger, k(9000), 1).await;
     ledger.finish(k(9000), doubt, End::InDoubt).await.unwrap();

@@ -11,6 +11,7 @@
 use std::io::Write;
 use std::sync::Mutex;
 
+pub mod lossy;
 pub mod postgres;
 pub mod redis;
 

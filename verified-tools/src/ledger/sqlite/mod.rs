@@ -8,7 +8,7 @@ mod sql;
 
 use self::sql::{
     DEFAULT_BUSY_TIMEOUT, Ending, Failure, PURGE_EVERY, abandon, claim, connect, dispatching,
-    finish, now_ms, purge, record, resolve, scan,
+    finish, is_busy, now_ms, purge, record, resolve, scan,
 };
 
 use std::fmt;
@@ -120,12 +120,20 @@ use crate::IdempotencyKey;
 ///
 /// # Failures
 ///
-/// Any SQLite failure (the file cannot be opened or written, the disk is
-/// full, the write lock stays taken past the busy timeout, the file is
-/// corrupt) is returned as [`LedgerError::Unavailable`] or
-/// [`LedgerError::Corrupt`], never as a panic: the engine then refuses the
-/// call before anything is dispatched. A transaction that fails changes
-/// nothing. A claim that only reads (a completed call's replay, a key in
+/// An operation that finds the write lock taken waits for it up to the busy
+/// timeout (SQLite's busy handler); a `SQLITE_BUSY` that comes back anyway
+/// (the handler gave up, or SQLite answered at once: another process
+/// recovering the write-ahead log, a checkpoint) is tried again after a
+/// pause that doubles from 5 ms up to 100 ms, until the operation has taken
+/// twice the busy timeout, or its caller is gone (the engine drops a claim or
+/// a write-through at the call's deadline). A transaction that failed
+/// changed nothing, so trying it again is safe.
+///
+/// Any other SQLite failure (the file cannot be opened or written, the disk
+/// is full, the file is corrupt), or the write lock still taken at the end,
+/// is returned as [`LedgerError::Unavailable`] or [`LedgerError::Corrupt`],
+/// never as a panic: the engine then refuses the call before anything is
+/// dispatched. A claim that only reads (a completed call's replay, a key in
 /// flight) writes nothing, so replays go on while the disk is full.
 ///
 /// # Threads and cancellation
@@ -139,8 +147,11 @@ use crate::IdempotencyKey;
 ///
 /// A claim whose future is dropped before it answers (its call's deadline
 /// struck while it waited for the lock, or its task was cancelled) is rolled
-/// back, or, if it had committed, abandoned: the key is not left held for a
-/// lease by a call that never learnt it held it. [`Ledger::abandon`], called
+/// back, or, if it had committed, undone: a fresh hold is deleted, a hold
+/// taken over goes back in doubt. The key is not left held for a lease by a
+/// call that never learnt it held it, and no attempt is counted that never
+/// went out. A write-through dropped so is rolled back, or its attempt
+/// taken back (the caller did not dispatch it). [`Ledger::abandon`], called
 /// from a destructor, must not block: it queues its short write on the
 /// blocking pool and returns (in the caller's thread outside a runtime). If
 /// that write is lost (the runtime shuts down, the process is killed), the
@@ -259,9 +270,11 @@ impl SqliteLedger {
         Ok(self)
     }
 
-    /// Sets how long an operation waits for another process's write lock
-    /// before it fails with [`LedgerError::Unavailable`] (5 seconds by
-    /// default). The engine bounds a claim by its call's deadline as well.
+    /// Sets how long an operation waits for another process's write lock at a
+    /// time (5 seconds by default); it tries again until it has taken twice
+    /// that, then fails with [`LedgerError::Unavailable`] (see
+    /// [Failures](Self#failures)). The engine bounds a claim by its call's
+    /// deadline as well.
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Result<Self, LedgerError> {
         self.shared.with(|conn| Ok(conn.busy_timeout(timeout)?))?;
         self.busy_timeout = timeout;
@@ -284,15 +297,48 @@ impl SqliteLedger {
         })
     }
 
-    /// Runs `op` with the connection, on the blocking pool.
+    /// Runs `op` with the connection, on the blocking pool, trying it again
+    /// while the store is busy.
     fn run<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&mut Connection) -> Result<T, Failure> + Send + 'static,
+        op: impl FnMut(&mut Connection) -> Result<T, Failure> + Send + 'static,
     ) -> LedgerFuture<'static, T> {
-        let shared = Arc::clone(&self.shared);
-        LedgerFuture::boxed(blocking(move || shared.with(op)))
+        let (shared, budget) = (Arc::clone(&self.shared), self.retry_for());
+        LedgerFuture::boxed(blocking(move || shared.retrying(budget, None, op)))
+    }
+
+    /// How long one operation may take, trying again while the store is
+    /// busy.
+    fn retry_for(&self) -> Duration {
+        self.busy_timeout.saturating_mul(2)
+    }
+
+    /// Runs `op` for a caller that may go before it gets the answer: what
+    /// `op` committed is then undone ([`Undo`]), in the blocking pool.
+    fn guarded<T: Send + 'static>(
+        &self,
+        op: impl FnMut(&mut Connection, &Mutex<Waiter>) -> Result<T, Failure> + Send + 'static,
+    ) -> LedgerFuture<'static, T> {
+        let waiter = Arc::new(Mutex::new(Waiter::Waiting));
+        let pending = Pending { waiter: Arc::clone(&waiter), shared: Arc::clone(&self.shared) };
+        let (shared, budget) = (Arc::clone(&self.shared), self.retry_for());
+        let mut op = op;
+        LedgerFuture::boxed(async move {
+            let result =
+                blocking(move || shared.retrying(budget, Some(&waiter), |conn| op(conn, &waiter)))
+                    .await;
+            *lock(&pending.waiter) = Waiter::Received;
+            result
+        })
     }
 }
+
+/// The first pause before a busy operation is tried again; each later one
+/// doubles, up to [`MAX_BUSY_PAUSE`].
+const FIRST_BUSY_PAUSE: Duration = Duration::from_millis(5);
+
+/// The longest pause between two tries of a busy operation.
+const MAX_BUSY_PAUSE: Duration = Duration::from_millis(100);
 
 impl Shared {
     fn with<T>(
@@ -303,6 +349,35 @@ impl Shared {
         // open: rusqlite rolls it back when it is dropped.
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         op(&mut conn).map_err(|failure| failure.at(&self.path))
+    }
+
+    /// Runs `op` until it is not busy, within `budget`, or until the caller
+    /// behind `cancel` is gone. The connection is free between two tries,
+    /// for the handle's other operations.
+    fn retrying<T>(
+        &self,
+        budget: Duration,
+        cancel: Option<&Mutex<Waiter>>,
+        mut op: impl FnMut(&mut Connection) -> Result<T, Failure>,
+    ) -> Result<T, LedgerError> {
+        let started = std::time::Instant::now();
+        let mut pause = FIRST_BUSY_PAUSE;
+        loop {
+            let failure = {
+                let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+                match op(&mut conn) {
+                    Err(Failure::Sql(error)) if is_busy(&error) => Failure::Sql(error),
+                    other => return other.map_err(|failure| failure.at(&self.path)),
+                }
+            };
+            let left = budget.saturating_sub(started.elapsed());
+            let gone = cancel.is_some_and(|c| matches!(*lock(c), Waiter::Cancelled));
+            if left.is_zero() || gone {
+                return Err(failure.at(&self.path));
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(MAX_BUSY_PAUSE);
+        }
     }
 }
 
@@ -321,21 +396,33 @@ async fn blocking<T: Send + 'static>(
 
 // ---------------------------------------------------------------- the trait
 
-/// Where a claim's caller is: still waiting, gone, or answered with a hold.
+/// Where the caller of a claim or a write-through is: still waiting, gone,
+/// answered (with what to undo, should it go before it receives the
+/// answer), or with the answer.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Waiter {
     Waiting,
     Cancelled,
-    Answered(IdempotencyKey, Fence),
+    Answered(Undo),
     Received,
+}
+
+/// What a committed operation wrote that its caller must learn of, or have
+/// undone.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Undo {
+    /// A claim's hold: released (see [`sql::release`]).
+    Release { key: IdempotencyKey, fence: Fence, fresh: bool },
+    /// A write-through's attempt: taken back (see [`sql::withdraw`]).
+    Withdraw { key: IdempotencyKey, fence: Fence, attempt: u32 },
 }
 
 pub(super) fn lock(waiter: &Mutex<Waiter>) -> MutexGuard<'_, Waiter> {
     waiter.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Dropped before the claim's answer was received, it tells the claim's
-/// transaction to roll back, or abandons the hold it answered with.
+/// Dropped before the answer was received, it tells the operation's
+/// transaction to roll back, or undoes what it committed.
 struct Pending {
     waiter: Arc<Mutex<Waiter>>,
     shared: Arc<Shared>,
@@ -346,22 +433,26 @@ impl Drop for Pending {
         let mut waiter = lock(&self.waiter);
         match *waiter {
             Waiter::Waiting => *waiter = Waiter::Cancelled,
-            Waiter::Answered(key, fence) => {
+            Waiter::Answered(undo) => {
                 *waiter = Waiter::Received;
                 drop(waiter);
-                abandon_later(&self.shared, key, fence);
+                later(&self.shared, move |conn| undo.apply(conn));
             }
             Waiter::Cancelled | Waiter::Received => {}
         }
     }
 }
 
-/// Abandons a hold without blocking a runtime thread.
-fn abandon_later(shared: &Arc<Shared>, key: IdempotencyKey, fence: Fence) {
+/// Runs a short write without blocking a runtime thread (from a
+/// destructor). Lost, the record stays conservative: the lease ends a hold,
+/// an attempt stays counted.
+fn later(
+    shared: &Arc<Shared>,
+    op: impl FnOnce(&Connection) -> Result<(), Failure> + Send + 'static,
+) {
     let shared = Arc::clone(shared);
     let task = move || {
-        // Lost, the lease ends the hold.
-        let _ = shared.with(|conn| abandon(conn, key, fence));
+        let _ = shared.with(|conn| op(conn));
     };
     match Handle::try_current() {
         Ok(handle) => drop(handle.spawn_blocking(task)),
@@ -372,15 +463,7 @@ fn abandon_later(shared: &Arc<Shared>, key: IdempotencyKey, fence: Fence) {
 impl Ledger for SqliteLedger {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
         let lease = self.lease;
-        let waiter = Arc::new(Mutex::new(Waiter::Waiting));
-        let pending = Pending { waiter: Arc::clone(&waiter), shared: Arc::clone(&self.shared) };
-        let shared = Arc::clone(&self.shared);
-        LedgerFuture::boxed(async move {
-            let result =
-                blocking(move || shared.with(|conn| claim(conn, request, lease, &waiter))).await;
-            *lock(&pending.waiter) = Waiter::Received;
-            result
-        })
+        self.guarded(move |conn, waiter| claim(conn, request, lease, waiter))
     }
 
     fn dispatching(
@@ -389,7 +472,7 @@ impl Ledger for SqliteLedger {
         fence: Fence,
         progress: Progress,
     ) -> LedgerFuture<'_, ()> {
-        self.run(move |conn| dispatching(conn, key, fence, progress))
+        self.guarded(move |conn, waiter| dispatching(conn, key, fence, progress, waiter))
     }
 
     fn finish<'a>(
@@ -406,11 +489,11 @@ impl Ledger for SqliteLedger {
         let ttl = self.ttl;
         let purge_too =
             self.shared.finishes.fetch_add(1, Ordering::Relaxed).is_multiple_of(PURGE_EVERY);
-        self.run(move |conn| finish(conn, key, fence, ending, ttl, purge_too))
+        self.run(move |conn| finish(conn, key, fence, &ending, ttl, purge_too))
     }
 
     fn abandon(&self, key: IdempotencyKey, fence: Fence) {
-        abandon_later(&self.shared, key, fence);
+        later(&self.shared, move |conn| abandon(conn, key, fence));
     }
 
     fn lease(&self) -> Duration {
@@ -422,12 +505,14 @@ impl Ledger for SqliteLedger {
     }
 
     fn in_doubt(&self, limit: usize) -> LedgerFuture<'_, Vec<RecordView>> {
-        let shared = Arc::clone(&self.shared);
+        let (shared, budget) = (Arc::clone(&self.shared), self.retry_for());
         LedgerFuture::boxed(async move {
             let (mut found, mut after) = (Vec::new(), None);
             while found.len() < limit {
                 let shared = Arc::clone(&shared);
-                let (views, last) = blocking(move || shared.with(|conn| scan(conn, after))).await?;
+                let (views, last) =
+                    blocking(move || shared.retrying(budget, None, |conn| scan(conn, after)))
+                        .await?;
                 found.extend(views.into_iter().take(limit - found.len()));
                 match last {
                     Some(key) => after = Some(key),

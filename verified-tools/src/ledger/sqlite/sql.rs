@@ -61,7 +61,7 @@ use super::{
     Claim, ClaimRequest, Claimed, Fence, LedgerError, Progress, RecordState, RecordView, Replay,
     Resolution, Settle,
 };
-use super::{Waiter, lock};
+use super::{Undo, Waiter, lock};
 use crate::{IdempotencyKey, PayloadDigest};
 
 /// The version of the schema this build writes and reads.
@@ -431,25 +431,86 @@ pub(super) fn claim(
             Claim { key, state: take(&tx, key, record, fingerprint, request.first, now, lease)? }
         }
     };
-    let fence = match claim.state {
-        Claimed::Fresh(fence) | Claimed::Resume(fence, _) => fence,
+    let (fence, fresh) = match claim.state {
+        Claimed::Fresh(fence) => (fence, true),
+        Claimed::Resume(fence, _) => (fence, false),
         // Nothing was written.
         _ => return Ok(claim),
     };
+    let undo = Undo::Release { key: claim.key, fence, fresh };
+    if let Some(undo) = commit_for(tx, cancel, undo, "claim")? {
+        undo.apply(conn)?;
+    }
+    Ok(claim)
+}
+
+/// Commits an operation's transaction for a caller that may be gone: rolled
+/// back if it is gone already; to be undone at once (`Some`) if it went
+/// while the commit ran; else left for the caller's guard to undo, should
+/// the caller go before it receives the answer.
+fn commit_for(
+    tx: rusqlite::Transaction<'_>,
+    cancel: &Mutex<Waiter>,
+    undo: Undo,
+    what: &str,
+) -> Result<Option<Undo>, Failure> {
     if matches!(*lock(cancel), Waiter::Cancelled) {
-        // The caller is gone: nobody would learn it holds the key.
+        // The caller is gone: nobody would learn what this wrote.
         drop(tx);
-        return Err(Failure::Ledger(LedgerError::Unavailable("the claim was cancelled".into())));
+        return Err(Failure::Ledger(LedgerError::Unavailable(format!("the {what} was cancelled"))));
     }
     tx.commit()?;
     let mut waiter = lock(cancel);
     if matches!(*waiter, Waiter::Cancelled) {
-        drop(waiter);
-        abandon(conn, claim.key, fence)?;
-    } else {
-        *waiter = Waiter::Answered(claim.key, fence);
+        return Ok(Some(undo));
     }
-    Ok(claim)
+    *waiter = Waiter::Answered(undo);
+    Ok(None)
+}
+
+impl Undo {
+    /// Undoes what an operation wrote for a caller that never got its
+    /// answer.
+    pub(super) fn apply(self, conn: &Connection) -> Result<(), Failure> {
+        match self {
+            Undo::Release { key, fence, fresh } => release(conn, key, fence, fresh),
+            Undo::Withdraw { key, fence, attempt } => withdraw(conn, key, fence, attempt),
+        }
+    }
+}
+
+/// Undoes a claim whose caller never learnt it held the key: a fresh hold is
+/// deleted (its first attempt never went out: the key is as if never
+/// claimed), a hold taken over goes back in doubt with its progress.
+pub(super) fn release(
+    conn: &Connection,
+    key: IdempotencyKey,
+    fence: Fence,
+    fresh: bool,
+) -> Result<(), Failure> {
+    if !fresh {
+        return abandon(conn, key, fence);
+    }
+    conn.prepare_cached("DELETE FROM records WHERE key = ?1 AND state = 'held' AND fence = ?2")?
+        .execute(params![key_bytes(key), fence_value(fence)])?;
+    Ok(())
+}
+
+/// Takes back attempt `attempt`, announced by a write-through whose caller
+/// never got the answer (so it did not dispatch it), while the record is
+/// still that hold's and counts that attempt.
+pub(super) fn withdraw(
+    conn: &Connection,
+    key: IdempotencyKey,
+    fence: Fence,
+    attempt: u32,
+) -> Result<(), Failure> {
+    conn.prepare_cached(
+        "UPDATE records SET attempts = attempts - 1
+         WHERE key = ?1 AND fence = ?2 AND attempts = ?3 AND attempts > 0",
+    )?
+    .execute(params![key_bytes(key), fence_value(fence), attempt])?;
+    Ok(())
 }
 
 /// A holder's write-through before an attempt.
@@ -458,6 +519,7 @@ pub(super) fn dispatching(
     key: IdempotencyKey,
     fence: Fence,
     progress: Progress,
+    cancel: &Mutex<Waiter>,
 ) -> Result<(), Failure> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let now = now_ms();
@@ -476,7 +538,10 @@ pub(super) fn dispatching(
     if changed == 0 {
         return Err(Failure::Ledger(LedgerError::Fenced(fence)));
     }
-    tx.commit()?;
+    let undo = Undo::Withdraw { key, fence, attempt: progress.attempts };
+    if let Some(undo) = commit_for(tx, cancel, undo, "write-through")? {
+        undo.apply(conn)?;
+    }
     Ok(())
 }
 
@@ -492,7 +557,7 @@ pub(super) fn finish(
     conn: &mut Connection,
     key: IdempotencyKey,
     fence: Fence,
-    ending: Ending,
+    ending: &Ending,
     ttl: Duration,
     purge_too: bool,
 ) -> Result<(), Failure> {
@@ -500,7 +565,7 @@ pub(super) fn finish(
     let now = now_ms();
     let expires = later(now, ttl);
     let (state, value, expires) = match ending {
-        Ending::Completed(value) => ("completed", value, Some(expires)),
+        Ending::Completed(value) => ("completed", value.as_deref(), Some(expires)),
         Ending::Settled => ("settled", None, Some(expires)),
         Ending::InDoubt => ("in_doubt", None, None),
     };
