@@ -210,13 +210,15 @@ fn context(ledger: &Arc<RedisLedger>) -> Context {
             RetryPolicy::for_class(SideEffect::Low).with_attempt_timeout(None),
         )
         .with_ledger(Arc::clone(ledger) as Arc<dyn Ledger>)
-        .for_step("run-1", 1)
 }
 
 async fn call(cx: &Context, n: u64) -> ToolResult<u64, io::Error> {
     let args = (n, "quarterly report");
+    // A step of its own per call: a step's key does not depend on the
+    // arguments, so one step with other arguments would be a key reused.
+    let cx = cx.for_step("run-1", n);
     engine::call(
-        cx,
+        &cx,
         &SAVE_DRAFT,
         &args,
         &args,
