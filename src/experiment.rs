@@ -24,8 +24,8 @@ use crate::agent::{self, AgentReport, Outcome, TaskPlanner};
 use crate::tools::{SimClient, settle_margin};
 
 mod ledger;
-#[cfg(feature = "redis")]
-mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod real_time;
 
 pub use ledger::LedgerChoice;
 

@@ -1,4 +1,5 @@
-//! The experiment's Redis ledger (feature `redis`).
+//! A store's ledger seen from the experiment's paused-time runtimes (the
+//! Redis and PostgreSQL ledgers of `--ledger`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,36 +7,36 @@ use std::time::Duration;
 use verified_tools::IdempotencyKey;
 use verified_tools::ledger::{
     Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Recorded,
-    RedisLedger,
 };
 
-/// A Redis ledger seen from the experiment's paused-time runtimes. Paused
+/// A store's ledger seen from the experiment's paused-time runtimes. Paused
 /// time jumps to the next timer whenever the runtime waits, so a network
-/// round trip would look like an endless wait (and Redis's own timeouts
+/// round trip would look like an endless wait (and the store's own timeouts
 /// would fire at once). Each operation runs instead on a real-time runtime of
-/// its own, from a blocking thread: tokio does not advance a paused clock
-/// while blocking work runs.
-pub(super) struct RealTime {
-    ledger: Arc<RedisLedger>,
+/// its own (where the connection's task lives too), from a blocking thread:
+/// tokio does not advance a paused clock while blocking work runs.
+pub(super) struct RealTime<L> {
+    ledger: Arc<L>,
     rt: Arc<tokio::runtime::Runtime>,
 }
 
-impl RealTime {
-    pub(super) fn connect(url: &str) -> Result<Self, String> {
+impl<L: Ledger + 'static> RealTime<L> {
+    /// Connects with `connect(url)` on a real-time runtime of its own.
+    pub(super) fn connect<F>(url: &str, connect: impl FnOnce(String) -> F) -> Result<Self, String>
+    where
+        F: std::future::Future<Output = Result<L, LedgerError>>,
+    {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
-            .map_err(|e| format!("a runtime for Redis: {e}"))?;
-        let ledger = rt.block_on(RedisLedger::connect(url)).map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| format!("a runtime for {url}: {e}"))?;
+        let ledger = rt.block_on(connect(url.to_owned())).map_err(|e| format!("{url}: {e}"))?;
         Ok(Self { ledger: Arc::new(ledger), rt: Arc::new(rt) })
     }
 
     /// Runs `op` on the real-time runtime, from a blocking thread.
-    fn run<T, F>(
-        &self,
-        op: impl FnOnce(Arc<RedisLedger>) -> F + Send + 'static,
-    ) -> LedgerFuture<'_, T>
+    fn run<T, F>(&self, op: impl FnOnce(Arc<L>) -> F + Send + 'static) -> LedgerFuture<'_, T>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, LedgerError>>,
@@ -65,7 +66,7 @@ impl Recorded for Owned {
     }
 }
 
-impl Ledger for RealTime {
+impl<L: Ledger + 'static> Ledger for RealTime<L> {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
         self.run(move |l| async move { l.claim(request).await })
     }
@@ -101,7 +102,7 @@ impl Ledger for RealTime {
     }
 
     fn abandon(&self, key: IdempotencyKey, fence: Fence) {
-        // RedisLedger::abandon spawns onto the runtime it is called on.
+        // The stores' `abandon` spawns onto the runtime it is called on.
         let _guard = self.rt.enter();
         self.ledger.abandon(key, fence);
     }
