@@ -308,7 +308,7 @@ async fn the_token_names_the_principal_its_calls_are_keyed_for() {
     let bob = Session::open(addr, &["Authorization: Bearer bob-token"]).await;
     let first = alice.call("create_customer", json!({"customer": 1}), "key-1").await;
     let first = &first["result"]["structuredContent"];
-    assert_eq!((&first["status"], &first["proof"]), (&json!("success"), &json!("response")));
+    assert_eq!((&first["status"], &first["proof"]), (&json!("success"), &json!("verifier")));
     // The same key from alice: the same call, replayed.
     let again = alice.call("create_customer", json!({"customer": 1}), "key-1").await;
     assert_eq!(again["result"]["structuredContent"]["proof"], "ledger", "{again}");
@@ -316,7 +316,7 @@ async fn the_token_names_the_principal_its_calls_are_keyed_for() {
     // the key shared, other arguments under it would be refused).
     let theirs = bob.call("create_customer", json!({"customer": 2}), "key-1").await;
     let theirs = &theirs["result"]["structuredContent"];
-    assert_eq!((&theirs["status"], &theirs["proof"]), (&json!("success"), &json!("response")));
+    assert_eq!((&theirs["status"], &theirs["proof"]), (&json!("success"), &json!("verifier")));
     assert_ne!(theirs["key"], first["key"]);
     // Bob under alice's session id: refused, whatever he calls.
     let hijack = alice.as_other("Authorization: Bearer bob-token");

@@ -287,13 +287,20 @@ async fn a_call_rides_over_a_restart_mid_call() {
                 }
                 async { Ok::<u64, io::Error>(7) }
             },
-            Some(|_key| async { Verdict::Absent }),
+            // The postcondition: the payment was sent (a high tool reads
+            // its OK answer back, through the restart too).
+            Some(|_key| async {
+                match dispatched.load(Ordering::SeqCst) {
+                    0 => Verdict::Absent,
+                    _ => Verdict::Holds(7),
+                }
+            }),
             Codec::serde(),
         )
     };
     let first = call().await;
     assert!(
-        matches!(first, ToolResult::Success { value: 7, proof: Proof::Response, .. }),
+        matches!(first, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }),
         "{first:?}"
     );
     // The finish landed: a repeat replays, nothing is sent again.
