@@ -13,20 +13,17 @@
 //! Its effect on the ledger, a connection that dies under it, is tested with
 //! `pg_terminate_backend` on the ledger's own session.
 
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::time::sleep;
 use tokio_postgres::{Client, NoTls};
 use verified_tools::ledger::{
-    ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, PostgresLedger,
-    PostgresLedgerBuilder, Progress, RecordState, Recorded, Replay, Resolution, Settle,
+    ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, PostgresLedger, PostgresLedgerBuilder,
+    Progress, RecordState, Recorded, Replay, Resolution, Settle,
 };
-use verified_tools::{
-    CallError, Context, IdempotencyKey, Proof, SideEffect, ToolResult, ToolSpec, Verdict, engine,
-};
+use verified_tools::{CallError, Context, IdempotencyKey, Proof, ToolResult};
 
 use crate::suite::{self, Backend, Config, SLACK, fp, request};
 
@@ -591,8 +588,6 @@ impl TinyPool {
     }
 }
 
-static SEND: ToolSpec = ToolSpec::new("send_invoice", SideEffect::High).with_verifier();
-
 #[tokio::test]
 async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing() {
     let Some(url) = server() else { return };
@@ -621,41 +616,14 @@ async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing()
     assert_eq!(holders, 1);
 
     let cx = Context::new("billing").with_ledger(Arc::new(ledger));
-    let dispatched = AtomicU32::new(0);
-    let sent = std::sync::Mutex::new(std::collections::HashSet::new());
-    let call = |invoice: u64| {
-        let (dispatched, sent, cx) = (&dispatched, &sent, &cx);
-        async move {
-            let result: ToolResult<u64, io::Error> = engine::call(
-                cx,
-                &SEND,
-                &(invoice,),
-                &(invoice,),
-                |_attempt| {
-                    dispatched.fetch_add(1, Ordering::SeqCst);
-                    sent.lock().unwrap().insert(invoice);
-                    async move { Ok(invoice) }
-                },
-                // The postcondition: this invoice was sent (a high tool reads
-                // its OK answer back).
-                Some(|_key| async move {
-                    match sent.lock().unwrap().contains(&invoice) {
-                        true => Verdict::Holds(invoice),
-                        false => Verdict::Absent,
-                    }
-                }),
-                Codec::serde(),
-            )
-            .await;
-            result
-        }
-    };
+    let invoices = suite::Invoices::default();
+    let call = |invoice: u64| invoices.send(&cx, invoice);
     assert!(matches!(call(1).await, ToolResult::Success { value: 1, .. }));
     match call(1).await {
         ToolResult::Success { value: 1, proof: Proof::Ledger, .. } => {}
         other => panic!("the repeat is replayed from the ledger, got {other:?}"),
     }
-    assert_eq!(dispatched.load(Ordering::SeqCst), 1);
+    assert_eq!(invoices.dispatched(), 1);
 
     pool.down.store(true, Ordering::SeqCst);
     let started = Instant::now();
@@ -664,11 +632,11 @@ async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing()
         other => panic!("a call is refused while the pool lends nothing, got {other:?}"),
     }
     assert!(started.elapsed() < FAILS_WITHIN, "refused after {:?}", started.elapsed());
-    assert_eq!(dispatched.load(Ordering::SeqCst), 1, "nothing was dispatched");
+    assert_eq!(invoices.dispatched(), 1, "nothing was dispatched");
 
     pool.down.store(false, Ordering::SeqCst);
     assert!(matches!(call(2).await, ToolResult::Success { value: 2, .. }));
-    assert_eq!(dispatched.load(Ordering::SeqCst), 2);
+    assert_eq!(invoices.dispatched(), 2);
 }
 
 // ---------------------------------------------------------------- the operator's door

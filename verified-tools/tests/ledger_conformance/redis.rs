@@ -166,41 +166,12 @@ async fn the_engine_refuses_calls_while_redis_is_down() {
     let Some(mut server) = RedisServer::private() else { return };
     let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
     let cx = Context::new("agent").with_ledger(Arc::new(ledger.with_prefix(unique_prefix())));
-    let dispatched = AtomicU32::new(0);
-    let sent = std::sync::Mutex::new(std::collections::HashSet::new());
-    let call = |invoice: u64| {
-        let dispatched = &dispatched;
-        let sent = &sent;
-        let cx = &cx;
-        async move {
-            let result: ToolResult<u64, io::Error> = engine::call(
-                cx,
-                &SEND,
-                &(invoice,),
-                &(invoice,),
-                |_attempt| {
-                    dispatched.fetch_add(1, Ordering::SeqCst);
-                    sent.lock().unwrap().insert(invoice);
-                    async move { Ok(invoice) }
-                },
-                // The postcondition: this invoice was sent (a high tool reads
-                // its OK answer back).
-                Some(|_key| async move {
-                    match sent.lock().unwrap().contains(&invoice) {
-                        true => Verdict::Holds(invoice),
-                        false => Verdict::Absent,
-                    }
-                }),
-                Codec::serde(),
-            )
-            .await;
-            result
-        }
-    };
+    let invoices = suite::Invoices::default();
+    let call = |invoice: u64| invoices.send(&cx, invoice);
     // With Redis up, a call runs once and is then replayed from the ledger.
     assert!(matches!(call(1).await, ToolResult::Success { value: 1, .. }));
     assert!(matches!(call(1).await, ToolResult::Success { value: 1, .. }));
-    assert_eq!(dispatched.load(Ordering::SeqCst), 1);
+    assert_eq!(invoices.dispatched(), 1);
 
     server.stop();
     let started = Instant::now();
@@ -209,11 +180,11 @@ async fn the_engine_refuses_calls_while_redis_is_down() {
         other => panic!("a call is refused while the ledger is down, got {other:?}"),
     }
     assert!(started.elapsed() < FAILS_WITHIN, "refused after {:?}", started.elapsed());
-    assert_eq!(dispatched.load(Ordering::SeqCst), 1, "nothing was dispatched");
+    assert_eq!(invoices.dispatched(), 1, "nothing was dispatched");
 
     server.restart();
     assert!(matches!(call(2).await, ToolResult::Success { value: 2, .. }));
-    assert_eq!(dispatched.load(Ordering::SeqCst), 2);
+    assert_eq!(invoices.dispatched(), 2);
 }
 
 // ---------------------------------------------------------------- restarts

@@ -640,3 +640,50 @@ pub async fn an_unknown_key_has_no_record_and_resolves_to_none<B: Backend>(b: Ar
     assert!(listed(&*other).await.is_empty());
     fresh(&*ledger, request(k, fp(1))).await;
 }
+
+/// An invoice service for the engine-level tests of a backend: it counts
+/// what it was sent, and its verifier sees exactly that (a `high` tool reads
+/// its OK answer back).
+#[derive(Default)]
+pub struct Invoices {
+    sent: std::sync::Mutex<std::collections::HashSet<u64>>,
+    dispatched: std::sync::atomic::AtomicU32,
+}
+
+static SEND_INVOICE: verified_tools::ToolSpec =
+    verified_tools::ToolSpec::new("send_invoice", verified_tools::SideEffect::High).with_verifier();
+
+impl Invoices {
+    /// Sends `invoice` through the engine in `cx`.
+    pub async fn send(
+        &self,
+        cx: &verified_tools::Context,
+        invoice: u64,
+    ) -> verified_tools::ToolResult<u64, std::io::Error> {
+        use std::sync::atomic::Ordering;
+        verified_tools::engine::call(
+            cx,
+            &SEND_INVOICE,
+            &(invoice,),
+            &(invoice,),
+            |_attempt| {
+                self.dispatched.fetch_add(1, Ordering::SeqCst);
+                self.sent.lock().unwrap().insert(invoice);
+                async move { Ok(invoice) }
+            },
+            Some(|_key| async move {
+                match self.sent.lock().unwrap().contains(&invoice) {
+                    true => verified_tools::Verdict::Holds(invoice),
+                    false => verified_tools::Verdict::Absent,
+                }
+            }),
+            verified_tools::ledger::Codec::serde(),
+        )
+        .await
+    }
+
+    /// Attempts dispatched so far.
+    pub fn dispatched(&self) -> u32 {
+        self.dispatched.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
