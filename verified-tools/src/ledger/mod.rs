@@ -456,6 +456,18 @@ pub trait Ledger: Send + Sync {
     /// How long a hold lasts before the key is taken over in doubt.
     fn lease(&self) -> Duration;
 
+    /// Whether `fence` still holds `key`: `Some(lease left)`, measured on
+    /// the store's clock, or `None` when another call took the key over or
+    /// the lease has ended (a later claim may take the key over at any
+    /// moment). One read, nothing written; a tool asks it right before it
+    /// sends, through [`Holder`](crate::Holder) (see [what fencing does not
+    /// stop](self#what-fencing-does-not-stop-a-holder-paused-past-its-lease)).
+    /// Backends that cannot answer it answer [`LedgerError::Unsupported`].
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        let _ = (key, fence);
+        LedgerFuture::ready(Err(LedgerError::Unsupported("checking a hold")))
+    }
+
     /// The record of `key`, if there is one: for an operator ("show").
     /// Backends that cannot read a record by itself answer
     /// [`LedgerError::Unsupported`].
@@ -514,6 +526,10 @@ impl<L: Ledger + ?Sized> Ledger for Arc<L> {
 
     fn lease(&self) -> Duration {
         (**self).lease()
+    }
+
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        (**self).hold(key, fence)
     }
 
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {

@@ -658,6 +658,18 @@ impl Ledger for MemoryLedger {
         self.lease
     }
 
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let left = match shard.held(key, fence) {
+            Ok(Entry { state: State::Held { since, .. }, .. }) => {
+                self.lease.checked_sub(now.saturating_duration_since(*since))
+            }
+            _ => None,
+        };
+        LedgerFuture::ready(Ok(left.filter(|left| !left.is_zero())))
+    }
+
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
         LedgerFuture::ready(Ok(self.record_now(key)))
     }

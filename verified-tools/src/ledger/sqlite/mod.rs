@@ -8,7 +8,7 @@ mod sql;
 
 use self::sql::{
     DEFAULT_BUSY_TIMEOUT, Ending, Failure, PURGE_EVERY, abandon, claim, connect, dispatching,
-    finish, is_busy, now_ms, purge, record, resolve, scan,
+    finish, hold, is_busy, now_ms, purge, record, resolve, scan,
 };
 
 use std::fmt;
@@ -498,6 +498,10 @@ impl Ledger for SqliteLedger {
 
     fn lease(&self) -> Duration {
         self.lease
+    }
+
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        self.run(move |conn| hold(conn, key, fence))
     }
 
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {

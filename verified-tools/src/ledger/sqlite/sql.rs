@@ -608,6 +608,26 @@ pub(super) fn purge(conn: &Connection, now: i64, limit: i64) -> Result<usize, Fa
     Ok(purged)
 }
 
+/// How long `fence` still holds `key`: one indexed read, without the
+/// write lock; none once the hold was taken over or its lease has ended.
+pub(super) fn hold(
+    conn: &Connection,
+    key: IdempotencyKey,
+    fence: Fence,
+) -> Result<Option<Duration>, Failure> {
+    let now = now_ms();
+    let mut statement = conn.prepare_cached(
+        "SELECT lease_end_ms FROM records WHERE key = ?1 AND state = 'held' AND fence = ?2",
+    )?;
+    let end = statement
+        .query_row(params![key_bytes(key), fence_value(fence)], |r| {
+            r.get::<_, Option<i64>>(0)
+        })
+        .optional()?
+        .flatten();
+    Ok(end.filter(|end| *end > now).map(|end| duration(end - now)))
+}
+
 // ---------------------------------------------------------------- the operator's door
 
 /// The record of `key`, as an operator sees it; none when absent or expired.
