@@ -12,6 +12,7 @@ mod classify;
 mod deadline_and_settle;
 mod generic;
 mod high_with_verifier;
+mod holder;
 mod json_arguments;
 mod method;
 mod no_warnings;

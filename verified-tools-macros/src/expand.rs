@@ -468,6 +468,12 @@ fn spec(tool: &Tool) -> TokenStream {
     let bucket =
         tool.bucket_ms.map(|ms| quote!(.with_bucket(::core::time::Duration::from_millis(#ms))));
     let verify_response = tool.verify_response.map(|on| quote!(.with_verify_response(#on)));
+    let holder = tool
+        .func
+        .params
+        .iter()
+        .any(|p| p.injected == Some(Injected::Holder))
+        .then(|| quote!(.with_holder()));
     let effect_names: Vec<String> = tool
         .func
         .params
@@ -493,7 +499,7 @@ fn spec(tool: &Tool) -> TokenStream {
     quote! {
         ::verified_tools::ToolSpec::new(#name, ::verified_tools::SideEffect::#variant)
             #description #verifier #retries #timeout #call_timeout #settle #bucket #verify_response
-            #effect_key #effect_kind
+            #effect_key #effect_kind #holder
             .with_params(&[#(#params),*])
     }
 }
@@ -541,6 +547,7 @@ fn dispatch(tool: &Tool) -> TokenStream {
             let field = match p.injected? {
                 Injected::Key => quote!(key),
                 Injected::Deadline => quote!(deadline),
+                Injected::Holder => quote!(holder),
             };
             Some(quote!(let #pat: #ty = #attempt.#field;))
         })
@@ -779,8 +786,8 @@ impl VerifierMessages {
                 "the verifier `{written}` does not take the parameters of `{tool}`: write `{signature}`"
             )),
             signature_label: escape(format!("not a verifier of `{tool}`")),
-            signature_note: "a verifier takes the tool's parameters but the `IdempotencyKey` and \
-                `Deadline` ones, in order, each by shared reference (`&T` for an owned `T`), then \
+            signature_note: "a verifier takes the tool's parameters but the `IdempotencyKey`, \
+                `Deadline` and `Holder` ones, in order, each by shared reference (`&T` for an owned `T`), then \
                 the key if `verify_key = true`; it returns `Verdict<T>` or `Result<Verdict<T>, E>`"
                 .to_owned(),
             key: escape(key),

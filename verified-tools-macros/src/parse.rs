@@ -534,6 +534,8 @@ pub(crate) enum Injected {
     Key,
     /// `Deadline`: the attempt's deadline.
     Deadline,
+    /// `Holder`: the call's hold on its ledger record.
+    Holder,
 }
 
 impl Injected {
@@ -542,6 +544,7 @@ impl Injected {
         match self {
             Injected::Key => "IdempotencyKey",
             Injected::Deadline => "Deadline",
+            Injected::Holder => "Holder",
         }
     }
 }
@@ -615,11 +618,13 @@ pub(crate) fn peel(ty: &Type) -> &Type {
 }
 
 /// What the wrapper fills a parameter of this type with, if anything: a path
-/// whose last segment is `IdempotencyKey` or `Deadline`.
+/// whose last segment is `IdempotencyKey`, `Deadline` or `Holder`.
 fn injected(ty: &Type) -> Option<Injected> {
     let Type::Path(p) = peel(ty) else { return None };
     let last = &p.path.segments.last()?.ident;
-    [Injected::Key, Injected::Deadline].into_iter().find(|i| last == i.type_name())
+    [Injected::Key, Injected::Deadline, Injected::Holder]
+        .into_iter()
+        .find(|i| last == i.type_name())
 }
 
 /// `(T, E)` when the type is written `Result<T, E>` (any path ending so).

@@ -162,6 +162,7 @@ mod context;
 pub mod deadline;
 pub mod engine;
 pub mod escalation;
+mod holder;
 pub mod key;
 pub mod ledger;
 #[cfg(feature = "mcp")]
@@ -180,6 +181,7 @@ pub use classify::{Classified, Classify, ErrorClass};
 pub use context::{Clock, Context, InFlight, LedgerOutage, SystemClock, TokioClock};
 pub use deadline::Deadline;
 pub use escalation::Escalation;
+pub use holder::{HoldLost, Holder};
 pub use key::{IdempotencyKey, KeyError, KeyScope, ParseKeyError, PayloadDigest};
 pub use policy::{Backoff, Mode, RetryPolicy, VerifyBudget};
 pub use result::{ArgsError, CallError, Cause, Proof, ToolResult, UnknownReason};

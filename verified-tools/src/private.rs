@@ -57,7 +57,7 @@ where
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is part of the call's idempotency key, so it must implement `serde::Serialize`",
     label = "derive `serde::Serialize` for it, or list it in `skip(..)`",
-    note = "every parameter of a verified tool is serialized into its idempotency key and audit record, but the `skip(..)` ones (clients, handles, pools) and the `IdempotencyKey` and `Deadline` ones"
+    note = "every parameter of a verified tool is serialized into its idempotency key and audit record, but the `skip(..)` ones (clients, handles, pools) and the `IdempotencyKey`, `Deadline` and `Holder` ones"
 )]
 pub trait KeyParameter {}
 

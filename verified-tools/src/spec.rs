@@ -41,6 +41,11 @@ pub struct ToolSpec {
     /// it is destructive, in MCP's sense. `None` for a tool that does not
     /// say (and for reads).
     pub effect_kind: Option<EffectKind>,
+    /// Whether the tool asks whether it still holds its key before it
+    /// sends: each [`Attempt`](crate::engine::Attempt) then carries a
+    /// [`Holder`](crate::Holder) of the call's ledger record
+    /// (`#[verified_tool]` sets it for a fn with a `Holder` parameter).
+    pub holder: bool,
 }
 
 impl ToolSpec {
@@ -67,7 +72,16 @@ impl ToolSpec {
             params: &[],
             effect_key: &[],
             effect_kind: None,
+            holder: false,
         }
+    }
+
+    /// Gives each attempt a [`Holder`](crate::Holder) of the call's ledger
+    /// record. Off by default: the success path of a tool that never asks
+    /// does not pay for it.
+    pub const fn with_holder(mut self) -> Self {
+        self.holder = true;
+        self
     }
 
     /// Marks the tool as verified.

@@ -465,3 +465,86 @@ async fn an_operator_lists_shows_and_resolves_what_is_in_doubt_and_nothing_else(
     assert_eq!(progress.attempts, 0);
     assert_eq!(ledger.resolve(key(3), Resolution::Applied).await.unwrap(), None);
 }
+
+static SEND_ASKING: ToolSpec =
+    ToolSpec::new("send", SideEffect::High).with_verifier().with_holder();
+static SEND_ASKING_BELIEVED: ToolSpec = SEND_ASKING.with_verify_response(false);
+
+/// A holder whose host stood still while the store's clock ran on (a
+/// suspended VM): its attempt's deadline has not passed, yet a successor,
+/// by the store's clock past the lease, took its key over. The deadline
+/// cannot tell; `Holder::ensure` reads the store and does, so nothing is
+/// sent and the call ends in doubt, superseded, never "not applied".
+#[tokio::test(start_paused = true)]
+async fn a_takeover_the_deadline_cannot_see_is_seen_by_the_holder() {
+    let lease = Duration::from_secs(300);
+    let ledger = Arc::new(MemoryLedger::new().with_lease(lease));
+    let cx = Context::new("mailer").with_ledger(ledger.clone());
+    let sent = AtomicU32::new(0);
+    let result: ToolResult<(), verified_tools::HoldLost> = engine::call(
+        &cx,
+        &SEND_ASKING,
+        &("bob",),
+        &("bob",),
+        |attempt: engine::Attempt| {
+            let (ledger, sent) = (&ledger, &sent);
+            async move {
+                assert!(attempt.holder.fence().is_some(), "the spec asked for the holder");
+                // The successor claims with the store's clock, past the lease.
+                let mut successor =
+                    request(attempt.key, PayloadDigest::from_u128(attempt.key.as_u128()));
+                successor.now = Instant::now() + lease + Duration::from_millis(1);
+                let taken = ledger.claim(successor).await.expect("the claim is answered");
+                assert!(matches!(taken.state, Claimed::Resume(..)), "{:?}", taken.state);
+                assert!(!attempt.deadline.has_passed(), "the deadline cannot tell");
+                attempt.holder.ensure(attempt.deadline.remaining()).await?;
+                sent.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        },
+        Some(|_key| async { Verdict::Absent }),
+        Codec::serde(),
+    )
+    .await;
+    assert_eq!(sent.load(Ordering::SeqCst), 0, "nothing was sent after the takeover");
+    assert!(
+        matches!(result, ToolResult::Unknown { reason: UnknownReason::Superseded, .. }),
+        "{result:?}"
+    );
+}
+
+/// The control: a hold still ours answers its lease, and `ensure` lets the
+/// request go, unless it needs more than is left.
+#[tokio::test(start_paused = true)]
+async fn a_hold_still_held_answers_its_lease_left() {
+    let lease = Duration::from_secs(300);
+    let ledger = Arc::new(MemoryLedger::new().with_lease(lease));
+    let cx = Context::new("mailer").with_ledger(ledger);
+    let result: ToolResult<Duration, verified_tools::HoldLost> = engine::call(
+        &cx,
+        &SEND_ASKING_BELIEVED,
+        &("bob",),
+        &("bob",),
+        |attempt: engine::Attempt| async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let left =
+                attempt.holder.lease_left().await.expect("memory answers").unwrap_or_default();
+            let too_long = attempt.holder.ensure(left + Duration::from_millis(1)).await;
+            assert!(
+                matches!(too_long, Err(verified_tools::HoldLost::Expiring { .. })),
+                "{too_long:?}"
+            );
+            attempt.holder.ensure(left).await?;
+            Ok(left)
+        },
+        Some(|_key| async { Verdict::Absent }),
+        Codec::serde(),
+    )
+    .await;
+    match result {
+        ToolResult::Success { value: left, proof: Proof::Response, .. } => {
+            assert_eq!(left, lease - Duration::from_secs(10), "the lease less the 10 s spent")
+        }
+        other => panic!("{other:?}"),
+    }
+}

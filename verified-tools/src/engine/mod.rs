@@ -56,15 +56,23 @@ use crate::{
 };
 
 /// One attempt of a logical call, as the tool receives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Attempt {
     /// The call's idempotency key: the same on every attempt.
     pub key: IdempotencyKey,
-    /// This attempt's deadline, to forward to the server.
+    /// This attempt's deadline, to forward to the server. Until it has
+    /// passed, no other call can have taken the key over (a lease outlasts
+    /// the call's deadline): [`Deadline::has_passed`] right before sending is
+    /// the free "am I still the holder?" (see [`Holder`](crate::Holder)).
     pub deadline: Deadline,
     /// 1 for the first attempt under the key (earlier calls' attempts count).
     pub number: u32,
+    /// The call's hold on its ledger record, for a tool that asks the store
+    /// whether it still holds the key before it sends; filled for a
+    /// [`ToolSpec`] made [`with_holder`](ToolSpec::with_holder), otherwise
+    /// [`Holder::unrecorded`](crate::Holder::unrecorded).
+    pub holder: crate::Holder,
 }
 
 /// The verifier type of a tool that has none; see [`no_verifier`].
@@ -363,7 +371,13 @@ where
         self.note(CallState::Dispatched, Detail::Dispatched(limit));
         self.stage = Stage::Attempting;
         let deadline = self.timeline.deadline(deadline);
-        let attempt = Attempt { key, deadline, number: self.facts.attempts };
+        let holder = match (&self.hold, &self.cx.ledger) {
+            (Some(hold), Some(ledger)) if self.spec.holder => {
+                crate::Holder::new(std::sync::Arc::clone(ledger), key, hold.fence)
+            }
+            _ => crate::Holder::unrecorded(),
+        };
+        let attempt = Attempt { key, deadline, number: self.facts.attempts, holder };
         let answer = self.send(attempt, deadline).await;
         self.stage = Stage::Running;
         match answer {

@@ -1084,6 +1084,21 @@ impl Ledger for PostgresLedger {
         self.lease
     }
 
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        LedgerFuture::boxed(async move {
+            let bytes = sql::key_bytes(key);
+            let bytes: &[u8] = &bytes;
+            let fence = i64::try_from(fence.0).unwrap_or(i64::MAX);
+            let params: &Params<'_> = &[(&bytes, Type::BYTEA), (&fence, Type::INT8)];
+            let rows = self.inner.query(&self.inner.sql.hold, params).await?;
+            let Some(row) = rows.first() else { return Ok(None) };
+            let left: i64 = row
+                .try_get(0)
+                .map_err(|e| LedgerError::Corrupt(format!("postgres: a hold: {}", describe(&e))))?;
+            Ok(Some(Duration::from_micros(u64::try_from(left).unwrap_or(0))))
+        })
+    }
+
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
         LedgerFuture::boxed(async move {
             let bytes = sql::key_bytes(key);

@@ -98,6 +98,7 @@ pub(super) struct Statements {
     pub(super) finish: String,
     pub(super) abandon: String,
     pub(super) record: String,
+    pub(super) hold: String,
     pub(super) in_doubt: String,
     pub(super) resolve: String,
     pub(super) purge: String,
@@ -116,6 +117,14 @@ impl Statements {
             finish: call("finish", 6),
             abandon: call("abandon", 2),
             record: call("record", 1),
+            // A read of the table, not a function of the schema: no
+            // migration for it, and no row lock taken.
+            hold: format!(
+                "SELECT greatest(0, (extract(epoch FROM lease_end - clock_timestamp()) \
+                 * 1000000)::bigint) FROM \"{schema}\".\"{prefix}records\" \
+                 WHERE key = $1 AND fence = $2 AND state = 'held' \
+                 AND lease_end > clock_timestamp()"
+            ),
             in_doubt: call("in_doubt", 1),
             resolve: call("resolve", 3),
             purge: call("purge", 1),

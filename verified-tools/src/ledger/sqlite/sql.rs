@@ -620,9 +620,7 @@ pub(super) fn hold(
         "SELECT lease_end_ms FROM records WHERE key = ?1 AND state = 'held' AND fence = ?2",
     )?;
     let end = statement
-        .query_row(params![key_bytes(key), fence_value(fence)], |r| {
-            r.get::<_, Option<i64>>(0)
-        })
+        .query_row(params![key_bytes(key), fence_value(fence)], |r| r.get::<_, Option<i64>>(0))
         .optional()?
         .flatten();
     Ok(end.filter(|end| *end > now).map(|end| duration(end - now)))
