@@ -235,3 +235,71 @@ fn a_redis_outage_refuses_calls_dispatches_nothing_and_loses_nothing() {
     assert_eq!(applied.len(), 30);
     assert!(applied.values().all(|&n| n == 1), "{applied:?}");
 }
+
+/// Whether the process is stopped (state `T` in `/proc/PID/stat`).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill").args([name, &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill {name} {pid}");
+}
+
+/// Worker P claims call 0 and stops itself (SIGSTOP) with the request in
+/// hand; worker Q waits for P's lease to end, takes the key over, verifies
+/// `Absent` and sends; then P is continued. What P does then is what
+/// `check` says, and what P reports is never "not applied": Q may have made
+/// the effect (it did).
+fn paused_past_the_lease(ledger: &str, effects_file: &Path, check: &str) -> (usize, String) {
+    let run = run_id(&format!("pause-{check}"));
+    let p_args =
+        ["--from", "0", "--to", "1", "--lease-ms", "1000", "--stop-before-send", "--check", check];
+    let mut p = worker(ledger, effects_file, &run, &p_args).spawn().expect("spawn P");
+    let mut p_lines = BufReader::new(p.stdout.take().expect("piped")).lines();
+    let first = p_lines.next().expect("P's first line").expect("utf-8");
+    let key = first.strip_prefix("stopping ").unwrap_or_else(|| panic!("{first}")).to_owned();
+    // Readiness, not a fixed wait: P is stopped when /proc says so.
+    let since = std::time::Instant::now();
+    while !stopped(p.id()) {
+        assert!(since.elapsed() < std::time::Duration::from_secs(60), "P never stopped");
+        std::thread::yield_now();
+    }
+    // Q's lease (and so its call's deadline) outlasts P's: it waits for
+    // P's hold to end, however slow the machine.
+    let q_args = ["--from", "0", "--to", "1", "--lease-ms", "20000"];
+    let q = finish(worker(ledger, effects_file, &run, &q_args).spawn().expect("spawn Q"));
+    assert!(q[0].contains(" success "), "{ledger}: Q took the key over and sent: {q:?}");
+    signal(p.id(), "-CONT");
+    let outcome = p_lines.next().expect("P's outcome").expect("utf-8");
+    assert!(p.wait().expect("P ends").success());
+    (effects(effects_file).get(&key).copied().unwrap_or(0), outcome)
+}
+
+/// Issue 20, case 2: a worker paused past its lease with a request in hand.
+/// Fencing stops it from recording, not from sending: without a check (the
+/// control) its late write is a second effect; asking right before it sends
+/// (the attempt's deadline, free; or the ledger's `Holder`, one read) it
+/// sends nothing. Either way it never reports the effect as not applied.
+#[test]
+fn a_worker_paused_past_its_lease_asks_before_it_sends_and_never_says_not_applied() {
+    let scratch = Scratch::new("pause");
+    for (ledger, _server) in stores(&scratch) {
+        for check in ["none", "deadline", "holder"] {
+            let effects_file = scratch.path(&format!("effects-{check}-{}.log", ledger.len()));
+            let (sent, outcome) = paused_past_the_lease(&ledger, &effects_file, check);
+            println!("{ledger}, --check {check}: {sent} effect(s); P: {outcome}");
+            let expected = if check == "none" { 2 } else { 1 };
+            assert_eq!(
+                sent, expected,
+                "{ledger}, --check {check}: effects of the key; P: {outcome}"
+            );
+            assert!(
+                outcome.contains(" unknown") || outcome.contains(" success "),
+                "{ledger}, --check {check}: P must not say the effect did not happen: {outcome}"
+            );
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //!               --run RUN --from 0 --to 50 [--class high|irreversible]
 //!               [--verifier by_key|blind] [--crash-after-dispatch]
 //!               [--lease-ms 3000] [--pause-ms 0]
+//!               [--stop-before-send] [--check none|deadline|holder]
 //! ```
 //!
 //! Call `i` is keyed by `(RUN, i)`. The tool appends `KEY PID` to the effects
@@ -15,7 +16,12 @@
 //! `by_key` verifier looks its key up in that file (a read-your-writes read);
 //! `blind` always answers `Unknown`. With `--crash-after-dispatch` the worker
 //! prints `dispatched KEY` after the first effect and hangs, for the test to
-//! `kill -9` it before it records the outcome.
+//! `kill -9` it before it records the outcome. With `--stop-before-send` the
+//! tool prints `stopping KEY` and stops its own process (SIGSTOP) before it
+//! writes, as a worker paused with a request in hand; once continued
+//! (SIGCONT), it asks whether it still holds the key as `--check` says
+//! (`deadline`: the attempt's deadline has not passed; `holder`: the ledger
+//! says so) and writes only then; `none` writes blindly.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -32,6 +38,15 @@ use verified_tools::{
 static SEND_HIGH: ToolSpec = ToolSpec::new("send_mail", SideEffect::High).with_verifier();
 static SEND_IRREVERSIBLE: ToolSpec =
     ToolSpec::new("send_mail", SideEffect::Irreversible).with_verifier();
+static SEND_ASKING: ToolSpec = SEND_HIGH.with_holder();
+
+/// What the tool asks before it writes, after a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    None,
+    Deadline,
+    Holder,
+}
 
 struct Args {
     ledger: String,
@@ -44,6 +59,8 @@ struct Args {
     crash: bool,
     lease: Duration,
     pause: Duration,
+    stop: bool,
+    check: Check,
 }
 
 fn args() -> Result<Args, String> {
@@ -58,6 +75,8 @@ fn args() -> Result<Args, String> {
         crash: false,
         lease: Duration::from_secs(3),
         pause: Duration::ZERO,
+        stop: false,
+        check: Check::None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +93,15 @@ fn args() -> Result<Args, String> {
             "--crash-after-dispatch" => a.crash = true,
             "--lease-ms" => a.lease = ms(value()?)?,
             "--pause-ms" => a.pause = ms(value()?)?,
+            "--stop-before-send" => a.stop = true,
+            "--check" => {
+                a.check = match value()?.as_str() {
+                    "none" => Check::None,
+                    "deadline" => Check::Deadline,
+                    "holder" => Check::Holder,
+                    other => return Err(format!("--check {other}: none, deadline or holder")),
+                }
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -92,8 +120,36 @@ async fn open(spec: &str, lease: Duration) -> Result<Arc<dyn Ledger>, String> {
     Err(format!("--ledger {spec}: expected sqlite:PATH or redis://HOST:PORT/"))
 }
 
+/// What the tool does besides writing its line.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    crash: bool,
+    stop: bool,
+    check: Check,
+}
+
 /// One effect: a line in the file.
-async fn send(effects: &Path, attempt: Attempt, crash: bool) -> Result<(), ErrorClass> {
+async fn send(effects: &Path, attempt: Attempt, mode: Mode) -> Result<(), ErrorClass> {
+    if mode.stop {
+        // Paused with the request in hand: the process stops itself, so the
+        // test knows where, and goes on when the test continues it.
+        println!("stopping {}", attempt.key);
+        let _ = std::io::stdout().flush();
+        let pid = std::process::id().to_string();
+        let stopped = std::process::Command::new("kill").args(["-STOP", &pid]).status();
+        if !stopped.is_ok_and(|status| status.success()) {
+            return Err(ErrorClass::NotSent);
+        }
+        match mode.check {
+            Check::None => {}
+            Check::Deadline if attempt.deadline.has_passed() => return Err(ErrorClass::NotSent),
+            Check::Deadline => {}
+            Check::Holder => {
+                let needed = attempt.deadline.remaining();
+                attempt.holder.ensure(needed).await.map_err(|_| ErrorClass::NotSent)?;
+            }
+        }
+    }
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -101,7 +157,7 @@ async fn send(effects: &Path, attempt: Attempt, crash: bool) -> Result<(), Error
         .map_err(|_| ErrorClass::NotSent)?;
     let line = format!("{} {}\n", attempt.key, std::process::id());
     file.write_all(line.as_bytes()).map_err(|_| ErrorClass::Ambiguous)?;
-    if crash {
+    if mode.crash {
         println!("dispatched {}", attempt.key);
         let _ = std::io::stdout().flush();
         std::future::pending::<()>().await;
@@ -148,7 +204,12 @@ async fn main() -> std::process::ExitCode {
         .with_ledger(ledger)
         .map_policies(|class, _| policy(class))
         .with_in_flight(InFlight::Wait { poll: Duration::from_millis(20), max: args.lease * 3 });
-    let spec = if args.irreversible { &SEND_IRREVERSIBLE } else { &SEND_HIGH };
+    let spec = match (args.irreversible, args.check) {
+        (true, _) => &SEND_IRREVERSIBLE,
+        (false, Check::Holder) => &SEND_ASKING,
+        (false, _) => &SEND_HIGH,
+    };
+    let mode = Mode { crash: args.crash, stop: args.stop, check: args.check };
     for step in args.from..args.to {
         let cx = cx.for_step(args.run.as_str(), step);
         let result: ToolResult<(), ErrorClass> = engine::call(
@@ -156,7 +217,7 @@ async fn main() -> std::process::ExitCode {
             spec,
             &("welcome", step),
             &(),
-            |attempt| send(&args.effects, attempt, args.crash),
+            |attempt| send(&args.effects, attempt, mode),
             Some(|key| sent(&args.effects, key, args.blind)),
             Codec::serde(),
         )
