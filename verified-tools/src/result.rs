@@ -48,6 +48,11 @@ pub enum Cause<E> {
     /// (they ended in doubt or known absent, were cancelled, or were taken
     /// over after their lease); this call checked the state before acting.
     Interrupted,
+    /// No attempt under this key ever left: its record was made by a check
+    /// ([`Context::for_check`](crate::Context::for_check)), or a person
+    /// resolved it as not applied, which clears its attempts. This call
+    /// checked the state before acting.
+    NeverSent,
 }
 
 impl<E> Cause<E> {
@@ -59,6 +64,7 @@ impl<E> Cause<E> {
             Cause::DeadlineReached(d) => Cause::DeadlineReached(d),
             Cause::Unconfirmed => Cause::Unconfirmed,
             Cause::Interrupted => Cause::Interrupted,
+            Cause::NeverSent => Cause::NeverSent,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use verified_tools::ledger::{
     ClaimRequest, Claimed, Codec, End, Ledger, LedgerError, MemoryLedger, Progress, Recorded,
-    Replay, Settle,
+    Replay, Resolution, Settle,
 };
 use verified_tools::{
     Context, IdempotencyKey, PayloadDigest, Proof, RetryPolicy, SideEffect, ToolResult, ToolSpec,
@@ -547,4 +547,62 @@ async fn a_hold_still_held_answers_its_lease_left() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+static CHARGE: ToolSpec = ToolSpec::new("charge", SideEffect::Irreversible).with_verifier();
+
+/// An irreversible call that a check found never sent, then a person's
+/// "not applied" on a call in doubt: each says what the record shows
+/// (`NeverSent`, not "an earlier call ended in doubt"), and the call made
+/// again is verified and then sent, once.
+#[tokio::test(start_paused = true)]
+async fn a_record_nothing_was_sent_under_says_so_and_is_sent_when_called_again() {
+    let ledger = Arc::new(MemoryLedger::new());
+    let cx = Context::new("billing").with_ledger(ledger.clone()).for_tool_call("call_1");
+    let sent = AtomicU32::new(0);
+    let charge = |cx: Context, attempt_fails: bool| {
+        let sent = &sent;
+        async move {
+            let result: ToolResult<u32, io::Error> = engine::call(
+                &cx,
+                &CHARGE,
+                &("order-7",),
+                &("order-7",),
+                |_attempt: engine::Attempt| async move {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    match attempt_fails {
+                        true => Err(io::Error::from(io::ErrorKind::TimedOut)),
+                        false => Ok(7),
+                    }
+                },
+                Some(|_key| async { Verdict::<u32>::Absent }),
+                Codec::serde(),
+            )
+            .await;
+            result
+        }
+    };
+    // A check before anything was sent: not applied, and never sent.
+    let checked = charge(cx.for_check(), false).await;
+    assert!(
+        matches!(checked, ToolResult::NotApplied { cause: verified_tools::Cause::NeverSent, .. }),
+        "{checked:?}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    // The call itself, after the check: verified, then sent once.
+    let charged = charge(cx.clone(), false).await;
+    assert!(matches!(charged, ToolResult::Success { value: 7, .. }), "{charged:?}");
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+
+    // Another order: in doubt (the verifier reads Absent too early: no settle
+    // margin), resolved "not applied" by a person, then called again.
+    let cx = cx.for_tool_call("call_2");
+    let doubt = charge(cx.clone(), true).await;
+    assert!(matches!(doubt, ToolResult::Escalated { .. }), "{doubt:?}");
+    let key = doubt.key().expect("a key");
+    let was = ledger.resolve(key, Resolution::NotApplied).await.expect("resolved");
+    assert_eq!(was, Some(verified_tools::ledger::RecordState::InDoubt));
+    let again = charge(cx, false).await;
+    assert!(matches!(again, ToolResult::Success { value: 7, .. }), "{again:?}");
+    assert_eq!(sent.load(Ordering::SeqCst), 3, "the resolved call was sent once more");
 }

@@ -129,8 +129,14 @@ where
                     self.facts.after_ok = progress.after_ok;
                     let at = self.timeline.at(Instant::now());
                     self.timeline.resumed(at, progress.settle);
-                    let cause =
-                        if progress.after_ok { Cause::Unconfirmed } else { Cause::Interrupted };
+                    // Say only what the record shows: a record whose
+                    // attempts are none (made by a check, or resolved not
+                    // applied by a person) was never sent.
+                    let cause = match progress {
+                        Progress { after_ok: true, .. } => Cause::Unconfirmed,
+                        Progress { attempts: 0, .. } => Cause::NeverSent,
+                        _ => Cause::Interrupted,
+                    };
                     self.cause = Some(cause);
                     return Ok(Event::Resumed);
                 }

@@ -33,7 +33,8 @@ pub(crate) struct Facts {
     /// server has recorded the key, so nothing more goes out under it.
     pub(crate) after_ok: bool,
     /// The call took the key over from earlier calls (in doubt, cancelled,
-    /// or past their lease) rather than claiming it fresh.
+    /// or past their lease) that sent something, rather than claiming it
+    /// fresh; a record under which nothing was ever sent is not one.
     pub(crate) resumed: bool,
     /// The ledger says an earlier call completed but kept no value: the
     /// verifier can give it; nothing may be dispatched.
@@ -114,7 +115,10 @@ impl Rules {
         match event {
             Event::Claimed => Next::Dispatch,
             Event::Resumed => {
-                facts.resumed = true;
+                // Attempts that never left (a check's record, or one a
+                // person resolved not applied) leave nothing to keep with
+                // whoever was told of it: once verified, it is as fresh.
+                facts.resumed = facts.attempts > 0;
                 facts.in_doubt = true;
                 self.in_doubt(facts)
             }
@@ -410,6 +414,26 @@ mod tests {
                 _ => {}
             }
         }
+    }
+
+    #[test]
+    fn an_irreversible_record_nothing_was_sent_under_is_verified_then_sent() {
+        let rules = Rules {
+            class: SideEffect::Irreversible,
+            mode: Mode::VerifyBeforeRetry,
+            verifier: true,
+            retries: 0,
+            verify_response: false,
+            check: false,
+        };
+        let mut never = Facts::default();
+        assert_eq!(rules.next(&mut never, Event::Resumed), Next::Verify);
+        assert_eq!(rules.next(&mut never, Event::Absent), Next::Dispatch);
+        // The control: one attempt went out under it; it stays with whoever
+        // was told of it.
+        let mut sent = Facts { attempts: 1, ..Facts::default() };
+        assert_eq!(rules.next(&mut sent, Event::Resumed), Next::Verify);
+        assert_eq!(rules.next(&mut sent, Event::Absent), Next::NotApplied);
     }
 
     #[test]

@@ -106,6 +106,7 @@ fn describe<E>(cause: &Cause<E>) -> &'static str {
         Cause::DeadlineReached(_) => "the call's deadline passed",
         Cause::Unconfirmed => "the tool answered OK but the postcondition was not found",
         Cause::Interrupted => "an earlier call with this key ended in doubt",
+        Cause::NeverSent => "nothing was ever sent under this key",
     }
 }
 
@@ -136,16 +137,21 @@ where
         match self.cause.take() {
             Some(Cause::Error(error)) => ToolResult::Failed { error, key: self.key() },
             // Unreachable: only a definitive error fails.
-            other => ToolResult::NotApplied {
-                cause: other.unwrap_or(Cause::Interrupted),
-                key: self.key(),
-            },
+            other => {
+                ToolResult::NotApplied { cause: other.unwrap_or(self.no_cause()), key: self.key() }
+            }
         }
+    }
+
+    /// The cause of an ending no failure of this call explains: a check
+    /// that found nothing sent says so; otherwise earlier calls left it.
+    fn no_cause(&self) -> Cause<E> {
+        if self.facts.attempts == 0 { Cause::NeverSent } else { Cause::Interrupted }
     }
 
     pub(super) fn not_applied(&mut self) -> ToolResult<T, E> {
         ToolResult::NotApplied {
-            cause: self.cause.take().unwrap_or(Cause::Interrupted),
+            cause: self.cause.take().unwrap_or(self.no_cause()),
             key: self.key(),
         }
     }
@@ -153,7 +159,7 @@ where
     /// Nothing more can be done in doubt: irreversible actions go to a person.
     pub(super) fn unresolved(&mut self, reason: UnknownReason) -> ToolResult<T, E> {
         let key = self.key();
-        let cause = self.cause.take().unwrap_or(Cause::Interrupted);
+        let cause = self.cause.take().unwrap_or(self.no_cause());
         if !decide::escalates(self.spec.side_effect, reason) {
             return ToolResult::Unknown { reason, cause, key };
         }

@@ -255,6 +255,7 @@ fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
         Cause::Interrupted => {
             "an earlier call with this key was interrupted before its effect was proven".to_owned()
         }
+        Cause::NeverSent => "nothing was ever sent under this key".to_owned(),
     }
 }
 
@@ -267,6 +268,10 @@ fn cause_text<E: Classify>(cause: &Cause<E>) -> String {
 /// first and never sends it again under its key.
 fn not_applied_instruction<E: Classify>(cause: &Cause<E>) -> &'static str {
     match cause {
+        Cause::NeverSent => {
+            "Nothing was ever sent under this key. If it is still needed, make the call again: \
+             it checks first, then sends it once."
+        }
         Cause::Error(e) if e.classify() == crate::ErrorClass::NotSent => {
             "Nothing was sent, and this call is closed. If it is still needed, make a new call."
         }
