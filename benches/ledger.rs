@@ -101,6 +101,15 @@ fn hit(c: &mut Criterion) {
         let value = Recorded8;
         ledger.finish(key, fence, End::Completed(&value)).await.expect("recorded");
     });
+    // "Am I still the holder?" of a held key: a shard lock and a lookup.
+    let held = ClaimRequest { key: IdempotencyKey::from_u128(u128::MAX), ..request };
+    let fence = match rt.block_on(ledger.claim(held)).map(|c| c.state) {
+        Ok(Claimed::Fresh(fence)) => fence,
+        _ => unreachable!(),
+    };
+    g.bench_function("memory_ledger_hold", |b| {
+        b.iter(|| rt.block_on(ledger.hold(black_box(held.key), fence)).expect("answered"))
+    });
     g.bench_function("memory_ledger_claim", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {

@@ -10,6 +10,9 @@
 //!   pragmas, on a connection behind a mutex, each on `spawn_blocking` (the
 //!   ledger's threading).
 //!
+//! - `sqlite_ledger/<sync>/hold`: `Ledger::hold` of a held key (one read,
+//!   no write lock): what a tool pays to ask whether it still holds its key.
+//!
 //! `<sync>` is `full` (the default, `synchronous = FULL`: an fsync per
 //! commit) and `normal` (`synchronous = NORMAL`: no fsync per commit in WAL
 //! mode, which shows the ledger's own cost). Calls run one after another on a
@@ -143,6 +146,22 @@ impl Setup {
         start.elapsed()
     }
 
+    /// `n` times "am I still the holder?" (`Ledger::hold`) of one held key:
+    /// what a tool pays to ask right before it sends.
+    async fn hold(&mut self, n: u64) -> Duration {
+        self.next += 1;
+        let request = request(self.next);
+        let claim = self.ledger.claim(request).await.unwrap();
+        let Claimed::Fresh(fence) = claim.state else { panic!("{claim:?}") };
+        let start = Instant::now();
+        for _ in 0..n {
+            assert!(self.ledger.hold(request.key, fence).await.unwrap().is_some());
+        }
+        let spent = start.elapsed();
+        self.ledger.finish(request.key, fence, End::Settled).await.unwrap();
+        spent
+    }
+
     /// `n` times the floor: an INSERT and an UPDATE, in two transactions.
     async fn floor(&mut self, n: u64) -> Duration {
         let start = Instant::now();
@@ -173,6 +192,7 @@ fn bench_sync(c: &mut Criterion, full: bool) {
     g.measurement_time(Duration::from_secs(if full { 10 } else { 5 }));
     g.bench_function("ledger", |b| b.iter_custom(|iters| rt.block_on(setup.ledger(iters))));
     g.bench_function("floor", |b| b.iter_custom(|iters| rt.block_on(setup.floor(iters))));
+    g.bench_function("hold", |b| b.iter_custom(|iters| rt.block_on(setup.hold(iters))));
     g.finish();
 }
 

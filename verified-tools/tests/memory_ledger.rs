@@ -560,22 +560,27 @@ async fn a_record_nothing_was_sent_under_says_so_and_is_sent_when_called_again()
     let ledger = Arc::new(MemoryLedger::new());
     let cx = Context::new("billing").with_ledger(ledger.clone()).for_tool_call("call_1");
     let sent = AtomicU32::new(0);
+    let charged_keys = std::sync::Mutex::new(Vec::new());
     let charge = |cx: Context, attempt_fails: bool| {
-        let sent = &sent;
+        let (sent, charged_keys) = (&sent, &charged_keys);
         async move {
             let result: ToolResult<u32, io::Error> = engine::call(
                 &cx,
                 &CHARGE,
                 &("order-7",),
                 &("order-7",),
-                |_attempt: engine::Attempt| async move {
+                |attempt: engine::Attempt| async move {
                     sent.fetch_add(1, Ordering::SeqCst);
-                    match attempt_fails {
-                        true => Err(io::Error::from(io::ErrorKind::TimedOut)),
-                        false => Ok(7),
+                    if attempt_fails {
+                        return Err(io::Error::from(io::ErrorKind::TimedOut));
                     }
+                    charged_keys.lock().unwrap().push(attempt.key);
+                    Ok(7)
                 },
-                Some(|_key| async { Verdict::<u32>::Absent }),
+                Some(|key| async move {
+                    let charged = charged_keys.lock().unwrap().contains(&key);
+                    if charged { Verdict::Holds(7) } else { Verdict::Absent }
+                }),
                 Codec::serde(),
             )
             .await;

@@ -106,6 +106,16 @@
 //!   the key column, a conditional update), as Kleppmann's fencing tokens
 //!   require: a token protects only what checks it.
 //!
+//! What the engine offers every tool is to ask, right before the request
+//! leaves, whether it still holds the key ([`Holder`](crate::Holder)): the
+//! attempt's deadline for free (a lease outlasts every deadline of its
+//! call, so a key is taken over only once the deadline has passed), or
+//! [`Ledger::hold`], one read of the store, which also sees a host whose
+//! clock stood still. A pause after the question still sends; a pause
+//! before it no longer does (`integration/tests/processes.rs`: a worker
+//! stopped with SIGSTOP with a request in hand sends a second effect
+//! without the question, none with it).
+//!
 //! # Fail closed
 //!
 //! When the store cannot be reached, [`Ledger::claim`] returns an error and
