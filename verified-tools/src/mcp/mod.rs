@@ -74,7 +74,14 @@ pub use wire::{
 };
 
 mod http;
+mod long_call;
 mod wire;
+
+use long_call::LongCall;
+
+/// What a call the client cancelled ends with (rmcp sends it nowhere).
+const CANCELLED: &str = "the client cancelled this call: nothing more was sent under its key, \
+     and a repeat of it checks first";
 
 /// The `_meta` key of a `tools/call` request that carries the client's id
 /// of the tool call: the identity of the logical call (its key scope).
@@ -317,7 +324,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         request: CallToolRequestParams,
         meta: &RequestMetaObject,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call_as(request, meta, &self.principal).await
+        self.call_as(request, meta, &self.principal, None).await
     }
 
     /// The principal of a request: the one its bearer token named (HTTP
@@ -343,6 +350,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         request: CallToolRequestParams,
         meta: &RequestMetaObject,
         principal: &str,
+        live: Option<&RequestContext<RoleServer>>,
     ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.as_ref();
         if !self.set.lists(name) {
@@ -364,7 +372,18 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         );
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let cx = self.set.context().clone().with_scope(scope);
-        let outcome = self.set.call_in(&cx, name, &arguments).await;
+        let outcome = match live {
+            None => self.set.call_in(&cx, name, &arguments).await,
+            Some(context) => {
+                let spec = self.set.get(name).map(|t| t.spec());
+                let (cx, call) = LongCall::watch(cx, spec, context);
+                match call.drive(self.set.call_in(&cx, name, &arguments)).await {
+                    Some(outcome) => outcome,
+                    // rmcp sends no answer to a cancelled request.
+                    None => return Err(ErrorData::internal_error(CANCELLED, None)),
+                }
+            }
+        };
         let structured = to_json(&outcome);
         Ok(if outcome.is_success() {
             CallToolResult::structured(structured)
@@ -553,7 +572,9 @@ impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
     ) -> Result<CallToolResponse, ErrorData> {
         let principal = self.principal_of(&context)?;
         // rmcp moves the params' `_meta` into the request context.
-        self.call_as(request, &context.meta, &principal).await.map(CallToolResponse::from)
+        self.call_as(request, &context.meta, &principal, Some(&context))
+            .await
+            .map(CallToolResponse::from)
     }
 }
 
