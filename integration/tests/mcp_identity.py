@@ -29,9 +29,12 @@ def structured(result):
     return dumped["structuredContent"]
 
 
-async def call(session, name, arguments, call_id=None, timeout=None):
+async def call(session, name, arguments, call_id=None, timeout=None, progress=None):
     meta = {ID_META: call_id} if call_id is not None else None
-    return structured(await session.call_tool(name, arguments, read_timeout_seconds=timeout, meta=meta))
+    result = await session.call_tool(
+        name, arguments, read_timeout_seconds=timeout, progress_callback=progress, meta=meta
+    )
+    return structured(result)
 
 
 async def keyed(session, name, arguments, idempotency_key):
@@ -77,10 +80,21 @@ async def one_session(args, summary):
                 raise
             except Exception:
                 pass
-            resent = await call(session, "update_invoice_row", row(1))
+            # The first attempt is still out: the cancel lets it finish, and
+            # the re-send waits for it (saying so, as progress, when it gets
+            # there before the attempt answers) and gets its outcome.
+            progress = []
+
+            async def on_progress(value, total, message):
+                progress.append((value, message))
+
+            resent = await call(session, "update_invoice_row", row(1), progress=on_progress)
             check(resent["status"] == "success" and resent["proof"] == "ledger", f"re-sent: {resent}")
             check(resent["instruction"].startswith("Replayed"), f"a replay says so: {resent}")
+            values = [value for value, _ in progress]
+            check(values == sorted(set(values)), f"progress increases: {progress}")
             summary["resent_after_timeout"] = resent
+            summary["resent_progress"] = [message for _, message in progress]
 
             # 2. A tool-call id in `_meta` is the identity of the call.
             a = await call(session, "update_invoice_row", row(2), "call_A")

@@ -24,7 +24,7 @@
 //! | a tool that declares its effect identity (`key(order)`) | the business action, whoever asks | replayed, or verified first: never done twice |
 //! | `idempotencyKey` in the params (SEP-3182) | that key, for this principal | the same call exactly when the key is the same; other arguments under it are refused |
 //! | `_meta` [`TOOL_CALL_ID_META`] (`"verified-tools/tool_call_id"`) | that id, for this principal | likewise |
-//! | nothing | the tool and its arguments, within this session, for one bucket (5 minutes, or the tool's `bucket`) | within the bucket: the same call (a cancel-and-re-send waits for the first and gets its outcome); later, or from another session: a new call |
+//! | nothing | the tool and its arguments, within this session, for one bucket (5 minutes, or the tool's `bucket`) | within the bucket: the same call (a cancel-and-re-send waits for an attempt still out and gets its outcome, or checks first: see [long calls](#long-calls-progress-and-cancellation)); later, or from another session: a new call |
 //!
 //! Two sessions never share a call unless a business key or an
 //! idempotency key says so. A replayed outcome says it was replayed
@@ -33,6 +33,26 @@
 //! advertises the key under the experimental capability
 //! [`IDEMPOTENCY_CAPABILITY`] (rmcp's `tools` capability has no room for
 //! SEP-3182's `tools.idempotency`).
+//!
+//! # Long calls: progress and cancellation
+//!
+//! A `tools/call` whose `_meta` has a `progressToken` gets
+//! `notifications/progress` (strictly increasing `progress`, no `total`)
+//! each time the call waits, with a `message` in plain words: "attempt 1
+//! timed out (no answer within 5000 ms); checking whether it took effect
+//! before retrying", "attempt 1 is not visible yet; waiting for its settle
+//! margin ...", "another request of this same call is in flight; waiting
+//! for its outcome ...", "retrying: attempt 2 sent". All of them are
+//! written before the answer, none after.
+//!
+//! `notifications/cancelled` is the engine's cancellation, taken where no
+//! attempt is out: an attempt already sent runs to its answer (and its
+//! verifier reads, which send nothing), then the call is dropped at the
+//! point it would send the next attempt. Nothing is sent under the key
+//! after a cancel; the key stays in doubt (not lost), and the next call
+//! with it, such as the SDK's re-send, checks before it sends, or waits
+//! for the attempt still out and gets its outcome. Without a ledger a
+//! cancelled call runs to its end (nothing would keep its doubt).
 //!
 //! ```no_run
 //! use verified_tools::mcp::McpServer;
@@ -74,7 +94,14 @@ pub use wire::{
 };
 
 mod http;
+mod long_call;
 mod wire;
+
+use long_call::LongCall;
+
+/// What a call the client cancelled ends with (rmcp sends it nowhere).
+const CANCELLED: &str = "the client cancelled this call: nothing more was sent under its key, \
+     and a repeat of it checks first";
 
 /// The `_meta` key of a `tools/call` request that carries the client's id
 /// of the tool call: the identity of the logical call (its key scope).
@@ -317,7 +344,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         request: CallToolRequestParams,
         meta: &RequestMetaObject,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call_as(request, meta, &self.principal).await
+        self.call_as(request, meta, &self.principal, None).await
     }
 
     /// The principal of a request: the one its bearer token named (HTTP
@@ -343,6 +370,7 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         request: CallToolRequestParams,
         meta: &RequestMetaObject,
         principal: &str,
+        live: Option<&RequestContext<RoleServer>>,
     ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.as_ref();
         if !self.set.lists(name) {
@@ -364,7 +392,18 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         );
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let cx = self.set.context().clone().with_scope(scope);
-        let outcome = self.set.call_in(&cx, name, &arguments).await;
+        let outcome = match live {
+            None => self.set.call_in(&cx, name, &arguments).await,
+            Some(context) => {
+                let spec = self.set.get(name).map(|t| t.spec());
+                let (cx, call) = LongCall::watch(cx, spec, context);
+                match call.drive(self.set.call_in(&cx, name, &arguments)).await {
+                    Some(outcome) => outcome,
+                    // rmcp sends no answer to a cancelled request.
+                    None => return Err(ErrorData::internal_error(CANCELLED, None)),
+                }
+            }
+        };
         let structured = to_json(&outcome);
         Ok(if outcome.is_success() {
             CallToolResult::structured(structured)
@@ -553,7 +592,9 @@ impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {
     ) -> Result<CallToolResponse, ErrorData> {
         let principal = self.principal_of(&context)?;
         // rmcp moves the params' `_meta` into the request context.
-        self.call_as(request, &context.meta, &principal).await.map(CallToolResponse::from)
+        self.call_as(request, &context.meta, &principal, Some(&context))
+            .await
+            .map(CallToolResponse::from)
     }
 }
 
