@@ -324,6 +324,10 @@ impl Ledger for Gated {
         self.inner.lease()
     }
 
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        self.inner.hold(key, fence)
+    }
+
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
         self.inner.record(key)
     }
