@@ -10,14 +10,15 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::decide::Event;
-use super::{Attempt, Call, Stage};
+use super::decide::Stage;
+use super::{Attempt, Call};
 use crate::context::LedgerOutage;
 use crate::key::Derived;
 use crate::ledger::{
     ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
     Settle,
 };
-use crate::{CallError, Cause, Classify, IdempotencyKey, Proof, SideEffect, ToolResult, Verdict};
+use crate::{CallError, Cause, Classify, IdempotencyKey, SideEffect, ToolResult, Verdict};
 
 /// A held ledger key. Dropped while armed (the call's future was cancelled,
 /// or unwound), it abandons the hold: the record stays in doubt, so the next
@@ -146,12 +147,13 @@ where
                         Replay::Encoded(bytes) => self.codec.decode(&bytes),
                         Replay::Unrecorded => None,
                     };
-                    return match value {
+                    return Ok(match value {
                         Some(value) => {
-                            Err(ToolResult::Success { value, proof: Proof::Ledger, key })
+                            self.value = Some(value);
+                            Event::Replayed
                         }
-                        None => Ok(Event::Unreplayable),
-                    };
+                        None => Event::Unreplayable,
+                    });
                 }
                 Claimed::Mismatch => {
                     return Err(ToolResult::Refused(CallError::KeyReuse { tool, key }));

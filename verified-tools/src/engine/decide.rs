@@ -68,6 +68,36 @@ pub(crate) enum Event {
     },
     /// The call cannot go on: the ledger refused or lost a write-through.
     Halted(UnknownReason),
+    /// The ledger replayed the outcome of an earlier call that succeeded.
+    Replayed,
+    /// The tool panicked during an attempt.
+    Panicked,
+    /// The call's deadline struck at this stage.
+    Expired(Stage),
+}
+
+/// Where the call is, for what its deadline striking means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Deriving the key: nothing claimed.
+    Deriving,
+    /// Claiming the key: the ledger has not answered.
+    Claiming,
+    /// Another call holds the key.
+    Waiting,
+    /// Between attempts and reads: nothing is out.
+    Running,
+    /// An attempt is out: its effect is in doubt until it answers.
+    Attempting,
+}
+
+/// Why a call is refused before it could act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The ledger did not answer the claim within the call's deadline.
+    LedgerSilent,
+    /// Another call held the key for the whole of the call's deadline.
+    InProgress,
 }
 
 /// What to do next.
@@ -87,6 +117,10 @@ pub(crate) enum Next {
     /// In doubt, and nothing more can be done: `Unknown`, or `Escalated`
     /// for an irreversible tool.
     Unresolved(UnknownReason),
+    /// Leave the record in doubt and let the tool's panic go on.
+    Unwind,
+    /// Refused before acting: nothing was sent by this call.
+    Refused(Refusal),
 }
 
 impl Rules {
@@ -190,7 +224,28 @@ impl Rules {
             Event::Inconclusive { absent_seen: false } => {
                 Next::Unresolved(UnknownReason::VerifierInconclusive)
             }
-            Event::Halted(reason) => Next::Unresolved(reason),
+            Event::Halted(reason) => {
+                facts.in_doubt = true;
+                Next::Unresolved(reason)
+            }
+            Event::Replayed => Next::Succeed,
+            // The tool stopped mid-attempt: what it sent is unknown.
+            Event::Panicked => {
+                facts.in_doubt = true;
+                Next::Unwind
+            }
+            Event::Expired(Stage::Deriving | Stage::Claiming) => {
+                Next::Refused(Refusal::LedgerSilent)
+            }
+            Event::Expired(Stage::Waiting) => Next::Refused(Refusal::InProgress),
+            Event::Expired(Stage::Attempting) => {
+                facts.in_doubt = true;
+                Next::Unresolved(UnknownReason::DeadlineExceeded)
+            }
+            Event::Expired(Stage::Running) if facts.in_doubt => {
+                Next::Unresolved(UnknownReason::DeadlineExceeded)
+            }
+            Event::Expired(Stage::Running) => Next::NotApplied,
         }
     }
 
@@ -215,6 +270,13 @@ impl Rules {
     pub(crate) fn budget_left(&self, facts: &Facts) -> bool {
         facts.attempts <= self.retries
     }
+}
+
+/// Whether to wait the backoff before `next`: after an attempt that failed
+/// or timed out, before the next attempt or verifier read.
+pub(crate) fn backs_off(event: Event, next: Next) -> bool {
+    matches!(event, Event::Failed(_) | Event::TimedOut)
+        && matches!(next, Next::Dispatch | Next::Verify)
 }
 
 /// Whether an unresolved call goes to a person: an irreversible one, unless
@@ -243,7 +305,14 @@ mod tests {
             Event::Inconclusive { absent_seen: true },
             Event::Halted(UnknownReason::Superseded),
             Event::Halted(UnknownReason::LedgerUnavailable),
+            Event::Replayed,
+            Event::Panicked,
         ];
+        for stage in
+            [Stage::Deriving, Stage::Claiming, Stage::Waiting, Stage::Running, Stage::Attempting]
+        {
+            all.push(Event::Expired(stage));
+        }
         for class in [
             ErrorClass::Definitive,
             ErrorClass::NotSent,
@@ -361,7 +430,10 @@ mod tests {
     fn success_only_from_an_answer_or_the_verifier() {
         for (rules, _, event, _, next) in table() {
             if next == Next::Succeed {
-                assert!(matches!(event, Event::Answered | Event::Holds), "{rules:?} {event:?}");
+                assert!(
+                    matches!(event, Event::Answered | Event::Holds | Event::Replayed),
+                    "{rules:?} {event:?}"
+                );
             }
         }
     }
@@ -371,7 +443,15 @@ mod tests {
         for (rules, facts, event, after, next) in table() {
             if next == Next::NotApplied {
                 assert!(!after.in_doubt, "{rules:?} {facts:?} {event:?}");
-                assert!(matches!(event, Event::Absent | Event::Failed(ErrorClass::NotSent)));
+                assert!(
+                    matches!(
+                        event,
+                        Event::Absent
+                            | Event::Failed(ErrorClass::NotSent)
+                            | Event::Expired(Stage::Running)
+                    ),
+                    "{rules:?} {facts:?} {event:?}"
+                );
             }
         }
     }
@@ -402,7 +482,11 @@ mod tests {
     fn doubt_is_remembered_until_the_verifier_settles_it() {
         for (rules, facts, event, after, _) in table() {
             match event {
-                Event::TimedOut | Event::Resumed => assert!(after.in_doubt),
+                Event::TimedOut
+                | Event::Resumed
+                | Event::Halted(_)
+                | Event::Panicked
+                | Event::Expired(Stage::Attempting) => assert!(after.in_doubt),
                 Event::Failed(ErrorClass::Ambiguous | ErrorClass::Conflict) => {
                     assert!(after.in_doubt)
                 }
@@ -412,6 +496,37 @@ mod tests {
                     assert_eq!(after.in_doubt, facts.in_doubt, "{rules:?} {event:?}")
                 }
                 _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_deadline_with_an_attempt_out_is_never_not_applied_nor_a_refusal() {
+        for (rules, facts, event, after, next) in table() {
+            match event {
+                Event::Expired(Stage::Attempting) => {
+                    assert_eq!(next, Next::Unresolved(UnknownReason::DeadlineExceeded));
+                    assert!(after.in_doubt);
+                }
+                Event::Expired(Stage::Running) => {
+                    let expected = match facts.in_doubt {
+                        true => Next::Unresolved(UnknownReason::DeadlineExceeded),
+                        false => Next::NotApplied,
+                    };
+                    assert_eq!(next, expected, "{rules:?} {facts:?}");
+                }
+                Event::Expired(_) => assert!(matches!(next, Next::Refused(_)), "{rules:?}"),
+                _ => assert!(!matches!(next, Next::Refused(_)), "{rules:?} {event:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_always_unwinds_in_doubt_and_nothing_else_does() {
+        for (rules, _, event, after, next) in table() {
+            assert_eq!(event == Event::Panicked, next == Next::Unwind, "{rules:?} {event:?}");
+            if next == Next::Unwind {
+                assert!(after.in_doubt);
             }
         }
     }

@@ -44,7 +44,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::time::{Instant, sleep, timeout_at};
 
-use self::decide::{Event, Facts, Next, Rules};
+use self::decide::{Event, Facts, Next, Rules, Stage};
 use crate::audit::{CallIdentity, CallState};
 use crate::deadline::Timeline;
 use crate::key::{Derived, Payload};
@@ -162,7 +162,7 @@ where
         stage: Stage::Deriving,
         hold: None,
         first_recorded: false,
-        backoff: false,
+        panic: None,
         value: None,
         cause: None,
         absent_seen: false,
@@ -208,18 +208,6 @@ impl<'a> Effective<'a> {
     }
 }
 
-/// Where the call is, for the answer it gives when its deadline strikes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Deriving,
-    Claiming,
-    /// Another call holds the key.
-    Waiting,
-    Running,
-    /// An attempt is out: its effect is in doubt until it answers.
-    Attempting,
-}
-
 struct Call<'a, T, E, D, V> {
     cx: &'a Context,
     spec: &'static ToolSpec,
@@ -237,8 +225,8 @@ struct Call<'a, T, E, D, V> {
     hold: Option<Hold<'a>>,
     /// The claim recorded the first attempt already.
     first_recorded: bool,
-    /// The last attempt failed: back off before what comes next.
-    backoff: bool,
+    /// The payload of the tool's panic, until the call unwinds with it.
+    panic: Option<Box<dyn Any + Send>>,
     /// The value of the answer or of the verifier's `Holds`.
     value: Option<T>,
     /// The last failure.
@@ -276,6 +264,22 @@ where
         }
     }
 
+    /// The call's deadline struck: `decide` says what that means where the
+    /// call was.
+    fn expired(&mut self) -> ToolResult<T, E> {
+        if self.stage == Stage::Attempting {
+            self.cause = Some(Cause::DeadlineReached(self.policy.call_timeout));
+        }
+        let event = Event::Expired(self.stage);
+        match self.rules.next(&mut self.facts, event) {
+            Next::Refused(refusal) => self.refused(refusal),
+            Next::NotApplied => self.not_applied(),
+            Next::Unresolved(reason) => self.unresolved(reason),
+            // Unreachable: a deadline decides an ending.
+            _ => self.unresolved(UnknownReason::DeadlineExceeded),
+        }
+    }
+
     async fn run<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
         let derived = match self.derive(payload) {
             Ok(derived) => derived,
@@ -294,8 +298,7 @@ where
         self.stage = Stage::Running;
         loop {
             let next = self.rules.next(&mut self.facts, event);
-            let backoff = std::mem::take(&mut self.backoff);
-            if backoff && matches!(next, Next::Dispatch | Next::Verify) {
+            if decide::backs_off(event, next) {
                 sleep(self.policy.base.backoff.delay(self.facts.attempts, self.key())).await;
             }
             event = match next {
@@ -307,6 +310,8 @@ where
                 Next::Fail => return self.failed(),
                 Next::NotApplied => return self.not_applied(),
                 Next::Unresolved(reason) => return self.unresolved(reason),
+                Next::Unwind => self.unwind().await,
+                Next::Refused(refusal) => return self.refused(refusal),
             };
         }
     }
@@ -349,7 +354,9 @@ where
             self.timeline.at(Instant::now())
         };
         let deadline = self.timeline.attempt(now);
-        self.facts.attempts += 1;
+        // Counted once announced: an attempt whose write-through failed
+        // never left.
+        let number = self.facts.attempts + 1;
         self.timeline.dispatched(deadline);
         if let Some(hold) = &self.hold
             && !std::mem::take(&mut self.first_recorded)
@@ -358,15 +365,15 @@ where
             // takes the key over after the lease inherits the count; and a
             // holder whose key was taken over stops here.
             let progress = Progress {
-                attempts: self.facts.attempts,
+                attempts: number,
                 after_ok: self.facts.after_ok,
                 settle: self.timeline.settle(now),
             };
             if let Err(error) = hold.ledger.dispatching(key, hold.fence, progress).await {
-                self.facts.attempts -= 1;
                 return self.halted(error);
             }
         }
+        self.facts.attempts = number;
         let limit = deadline.saturating_sub(now);
         self.note(CallState::Dispatched, Detail::Dispatched(limit));
         self.stage = Stage::Attempting;
@@ -392,7 +399,6 @@ where
                     self.note(CallState::PendingVisibility, Detail::Failed(class, &error));
                 }
                 self.cause = Some(Cause::Error(error));
-                self.backoff = true;
                 Event::Failed(class)
             }
             Ok(None) => {
@@ -404,10 +410,12 @@ where
                     true => Cause::DeadlineReached(self.policy.call_timeout),
                     false => Cause::TimedOut(limit),
                 });
-                self.backoff = true;
                 Event::TimedOut
             }
-            Err(panic) => self.panicked(panic).await,
+            Err(panic) => {
+                self.panic = Some(panic);
+                Event::Panicked
+            }
         }
     }
 
@@ -434,12 +442,12 @@ where
 
     /// The tool panicked: its effect is in doubt. Recorded as such (so the
     /// next call with the key verifies first), then the panic goes on.
-    async fn panicked(&mut self, panic: Box<dyn Any + Send>) -> Event {
-        self.facts.in_doubt = true;
+    async fn unwind(&mut self) -> ! {
         self.note(CallState::Unknown, Detail::Panicked);
         if let Some(hold) = self.hold.take() {
             let _ = hold.close(End::InDoubt).await;
         }
+        let panic = self.panic.take().unwrap_or_else(|| Box::new("the tool panicked"));
         std::panic::resume_unwind(panic)
     }
 
@@ -455,7 +463,6 @@ where
             }
             _ => UnknownReason::LedgerUnavailable,
         };
-        self.facts.in_doubt = true;
         Event::Halted(reason)
     }
 

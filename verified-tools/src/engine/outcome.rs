@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::claim::Value;
-use super::decide::{self, Event};
-use super::{Attempt, Call, Stage};
+use super::decide::{self, Event, Refusal};
+use super::{Attempt, Call};
 use crate::audit::{AuditEvent, CallIdentity, CallState};
 use crate::escalation::Ticket;
 use crate::ledger::{End, LedgerError};
@@ -123,6 +123,7 @@ where
         let key = self.key();
         let proof = match event {
             Event::Answered => Proof::Response,
+            Event::Replayed => Proof::Ledger,
             _ if self.facts.completed => Proof::Ledger,
             _ => Proof::Verifier,
         };
@@ -177,27 +178,17 @@ where
         ToolResult::Escalated { reason, verdict, cause, key }
     }
 
-    /// The call's deadline struck: what can be said of it.
-    pub(super) fn expired(&mut self) -> ToolResult<T, E> {
+    /// Refused before acting: the ledger never answered the claim, or
+    /// another call held the key for the whole deadline.
+    pub(super) fn refused(&mut self, refusal: Refusal) -> ToolResult<T, E> {
         let (tool, key) = (self.spec.name, self.key());
-        match self.stage {
-            Stage::Deriving | Stage::Claiming => {
+        match refusal {
+            Refusal::LedgerSilent => {
                 let source =
                     LedgerError::Unavailable("no answer within the call's deadline".into());
                 ToolResult::Refused(CallError::Ledger { tool, key, source })
             }
-            Stage::Waiting => ToolResult::Refused(CallError::InProgress { tool, key }),
-            Stage::Running | Stage::Attempting => {
-                if self.stage == Stage::Attempting {
-                    self.facts.in_doubt = true;
-                    self.cause = Some(Cause::DeadlineReached(self.policy.call_timeout));
-                }
-                if self.facts.in_doubt {
-                    self.unresolved(UnknownReason::DeadlineExceeded)
-                } else {
-                    self.not_applied()
-                }
-            }
+            Refusal::InProgress => ToolResult::Refused(CallError::InProgress { tool, key }),
         }
     }
 
