@@ -275,7 +275,7 @@ const COLOURS: [RGBColor; 8] = [
 
 /// Width of one legend entry: the longest label, "verify+retry, neither,
 /// no margin", at 16 px.
-const LEGEND_SLOT: u32 = 300;
+const LEGEND_SLOT: u32 = 320;
 
 /// Legend entries per row.
 const LEGEND_PER_ROW: usize = 4;
