@@ -321,7 +321,7 @@ pub enum LlmError {
     #[error("the model server's answer is not a chat completion: {0}")]
     Answer(String),
     /// The server kept failing: the last error, after this many requests.
-    #[error("{last} (gave up after {attempts} requests)")]
+    #[error("{last} (gave up after {})", requests(*attempts))]
     Exhausted {
         /// Requests sent, the first included.
         attempts: u32,
@@ -342,6 +342,11 @@ impl LlmError {
             LlmError::BaseUrl(_) | LlmError::Exhausted { .. } => false,
         }
     }
+}
+
+/// `1 request`, `2 requests`.
+fn requests(n: u32) -> String {
+    if n == 1 { "1 request".to_owned() } else { format!("{n} requests") }
 }
 
 /// The system prompt: how to read tool results.
@@ -401,5 +406,7 @@ mod tests {
         let exhausted = LlmError::Exhausted { attempts: 3, last: Box::new(status(503)) };
         assert!(!exhausted.is_retryable());
         assert!(exhausted.to_string().ends_with("(gave up after 3 requests)"), "{exhausted}");
+        let once = LlmError::Exhausted { attempts: 1, last: Box::new(status(503)) };
+        assert!(once.to_string().ends_with("(gave up after 1 request)"), "{once}");
     }
 }

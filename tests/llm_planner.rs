@@ -480,6 +480,34 @@ fn a_grid_records_an_episode_the_server_failed_and_goes_on() {
 }
 
 #[test]
+fn a_grid_with_threads_runs_episodes_at_once_and_scores_them_all() {
+    let server = tokio::runtime::Runtime::new().unwrap();
+    let (url, requests) = server.block_on(serve(|_, request| reader(request)));
+    let grid = Config {
+        episodes: 3,
+        tasks: vec![TaskKind::RecordInvoice],
+        levels: vec![FaultLevel::Medium],
+        methods: vec![Method::KeysOnly, Method::VerifyOnly],
+        threads: 4,
+        ..Config::default()
+    };
+    let mut seeds = Vec::new();
+    let run = run_grid(&config(&url), &grid, &mut |e| seeds.push((e.method, e.seed)))
+        .expect("the run completes");
+    seeds.sort();
+    let first = verified_tools::sim::BASE_SEED;
+    let mut expected: Vec<_> = [Method::KeysOnly, Method::VerifyOnly]
+        .into_iter()
+        .flat_map(|m| (first..first + 3).map(move |seed| (m, seed)))
+        .collect();
+    expected.sort();
+    assert_eq!(seeds, expected);
+    assert!(run.failed.is_empty());
+    assert!(run.results.cells.iter().all(|c| c.stats.episodes == 3));
+    assert_eq!(requests.lock().unwrap().len(), 12);
+}
+
+#[test]
 fn the_agent_runs_every_method_against_a_server_that_fails_every_third_request() {
     let server = tokio::runtime::Runtime::new().unwrap();
     let failed = Arc::new(AtomicUsize::new(0));
