@@ -2,7 +2,7 @@
 //!
 //! - [`tool_set`]: the [`ToolSet`] of the two tasks, which the MCP example
 //!   serves and the planner hands to a model.
-//! - [`run_episode`]: one episode of a task driven by a model behind an
+//! - `run_episode` (feature `openai`): one episode of a task driven by a model behind an
 //!   OpenAI-compatible chat-completions API (`POST {base_url}/chat/completions`
 //!   with `tools`; a local Ollama, vLLM or llama.cpp server, or OpenAI
 //!   itself through a TLS-terminating proxy), scored on the simulator's
@@ -21,13 +21,13 @@
 //! arms differ in the tool layer — the engine's mode, whether keys are
 //! sent, what the simulated server honours, the settle margin — exactly as
 //! in the scripted planner's grid ([`EpisodeSpec::context`]); the model
-//! plans in every arm alike. [`run_grid`] runs tasks × levels × methods ×
+//! plans in every arm alike. `run_grid` runs tasks × levels × methods ×
 //! episodes and scores them into the scripted grid's [`Results`], so the
 //! table, the JSON and the figure are drawn from them alike.
 //!
 //! The model server is reached with reqwest (feature `openai`, off by
-//! default: hyper and its dependencies would add a third to the README's
-//! first build). A request the server fails — an HTTP 408, 429 or 5xx, a
+//! default: it brings 53 crates — hyper, tower, url and ICU's IDNA tables —
+//! that the README's first command does not need). A request the server fails — an HTTP 408, 429 or 5xx, a
 //! timeout, a broken connection, an answer that is not a chat completion —
 //! is sent again after a pause that doubles ([`LlmConfig::backoff`]); when
 //! the re-sends run out the episode fails ([`LlmError::Exhausted`]) and a
@@ -110,7 +110,7 @@ pub struct LlmConfig {
     /// episode fails.
     pub retries: u32,
     /// The pause before the first re-send; it doubles with each, up to
-    /// [`MAX_BACKOFF`](crate::llm::MAX_BACKOFF) (a server's `Retry-After`
+    /// `MAX_BACKOFF`, 60 s (a server's `Retry-After`
     /// in seconds replaces it).
     pub backoff: Duration,
     /// How many times a call that ended in doubt is re-issued, with its

@@ -15,7 +15,7 @@ use verified_tools::sim::{FaultLevel, FaultProfile};
 /// deadline, so that nothing lands after the settle point). Every agent
 /// forwards each attempt's deadline; every agent that verifies uses the
 /// settle margin the service documents for a deadline-honouring server
-/// ([`settle_margin`]) — on a server that ignores deadlines that promise is
+/// ([`settle_margin`](crate::tools::settle_margin)) — on a server that ignores deadlines that promise is
 /// broken, which is what the `vbr_no_deadlines` and `vbr_neither` arms
 /// measure — except `vbr_neither_unsettled`, which keeps the library's
 /// default (no margin: an `Absent` after an ambiguous failure is never
