@@ -2,7 +2,7 @@
 //!
 //! - [`tool_set`]: the [`ToolSet`] of the two tasks, which the MCP example
 //!   serves and the planner hands to a model.
-//! - [`run_episode`]: one episode of a task driven by a model behind an
+//! - `run_episode` (feature `openai`): one episode of a task driven by a model behind an
 //!   OpenAI-compatible chat-completions API (`POST {base_url}/chat/completions`
 //!   with `tools`; a local Ollama, vLLM or llama.cpp server, or OpenAI
 //!   itself through a TLS-terminating proxy), scored on the simulator's
@@ -17,21 +17,45 @@
 //! ([`LlmConfig::reissues`]): a model cannot choose a tool-call id, so it is
 //! only told not to repeat the call, and the re-issue verifies first.
 //!
-//! The HTTP client is a small HTTP/1.1 client over tokio, for `http://`
-//! base URLs only: the local servers this is for speak plain HTTP, and a
-//! full HTTP stack (hyper, rustls) would add a minute of compile time on two
-//! cores to every build of the experiment.
+//! The episode runs under one of the experiment's [methods](Method): the
+//! arms differ in the tool layer — the engine's mode, whether keys are
+//! sent, what the simulated server honours, the settle margin — exactly as
+//! in the scripted planner's grid ([`EpisodeSpec::context`]); the model
+//! plans in every arm alike. `run_grid` runs tasks × levels × methods ×
+//! episodes and scores them into the scripted grid's [`Results`], so the
+//! table, the JSON and the figure are drawn from them alike.
+//!
+//! The model server is reached with reqwest (feature `openai`, off by
+//! default: it brings 53 crates — hyper, tower, url and ICU's IDNA tables —
+//! that the README's first command does not need). A request the server fails — an HTTP 408, 429 or 5xx, a
+//! timeout, a broken connection, an answer that is not a chat completion —
+//! is sent again after a pause that doubles ([`LlmConfig::backoff`]); when
+//! the re-sends run out the episode fails ([`LlmError::Exhausted`]) and a
+//! grid records it and goes on.
 
 use std::fmt;
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use verified_tools::Context;
-use verified_tools::sim::{SimConfig, SimServer, Task};
 use verified_tools::toolset::{Status, ToolOutcome, ToolSet};
 
+use crate::experiment::{EpisodeSpec, Shared};
+#[cfg(doc)]
+use crate::experiment::{Method, Results};
 use crate::tools::{self, SimClient};
+
+#[cfg(feature = "openai")]
+mod client;
+#[cfg(feature = "openai")]
+mod episode;
+#[cfg(feature = "openai")]
+mod grid;
+
+#[cfg(feature = "openai")]
+pub use client::MAX_BACKOFF;
+#[cfg(feature = "openai")]
+pub use episode::run_episode;
+#[cfg(feature = "openai")]
+pub use grid::{EpisodeReport, LlmResults, run_grid};
 
 /// The nine tools of the two tasks (section 4.2) over one simulated server:
 /// the six writes, the repair of a partial record and the two reads, each
@@ -62,7 +86,8 @@ pub fn tool_set(client: SimClient) -> ToolSet<SimClient> {
         .with(tools::read_record_tool())
 }
 
-/// How to reach the model and how long to let it work.
+/// How to reach the model, how long to let it work, and how to treat a
+/// server that fails.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct LlmConfig {
@@ -81,6 +106,13 @@ pub struct LlmConfig {
     pub temperature: Option<f64>,
     /// Limit of one HTTP exchange with the model (`None`: no limit).
     pub request_timeout: Option<Duration>,
+    /// How many times a request the server failed is sent again before the
+    /// episode fails.
+    pub retries: u32,
+    /// The pause before the first re-send; it doubles with each, up to
+    /// `MAX_BACKOFF`, 60 s (a server's `Retry-After`
+    /// in seconds replaces it).
+    pub backoff: Duration,
     /// How many times a call that ended in doubt is re-issued, with its
     /// tool-call id, before its outcome goes to the model.
     pub reissues: u32,
@@ -90,8 +122,10 @@ pub struct LlmConfig {
 }
 
 impl LlmConfig {
-    /// A model at `base_url`: 24 turns, temperature 0, 300 s per request,
-    /// one re-issue of a call in doubt after 6 s.
+    /// A model at `base_url`: 24 turns, temperature 0, 300 s per request
+    /// (a CPU server can take minutes over a first turn), 4 re-sends of a
+    /// failed request after 2, 4, 8, 16 s, one re-issue of a call in doubt
+    /// after 6 s.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
@@ -100,6 +134,8 @@ impl LlmConfig {
             max_turns: 24,
             temperature: Some(0.0),
             request_timeout: Some(Duration::from_secs(300)),
+            retries: 4,
+            backoff: Duration::from_secs(2),
             reissues: 1,
             reissue_after: Duration::from_secs(6),
         }
@@ -119,10 +155,25 @@ impl LlmConfig {
         self
     }
 
+    /// Sets the sampling temperature (`None`: the server's default).
+    #[must_use]
+    pub fn with_temperature(mut self, temperature: Option<f64>) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
     /// Sets the limit of one HTTP exchange.
     #[must_use]
     pub fn with_request_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the re-sends of a failed request and the first pause.
+    #[must_use]
+    pub fn with_retries(mut self, times: u32, backoff: Duration) -> Self {
+        self.retries = times;
+        self.backoff = backoff;
         self
     }
 
@@ -162,12 +213,60 @@ pub struct LlmEpisode {
     pub duplicate: bool,
     /// Chat completions requested.
     pub turns: u32,
+    /// Requests sent again after the model server failed them.
+    pub resent: u32,
     /// Every tool call, in order.
     pub calls: Vec<CallRecord>,
     /// Tool dispatches that reached the simulated server (all attempts).
     pub dispatches: u32,
+    /// Verifier reads.
+    pub verifier_reads: u32,
+    /// Time the episode took, in ms, the model's included (tokio time:
+    /// virtual on a paused runtime).
+    pub elapsed_ms: u64,
     /// The model's final answer (`None` if the turns ran out).
     pub final_message: Option<String>,
+}
+
+impl LlmEpisode {
+    /// The episode as the experiment scores it: the model's claim, the
+    /// ground truth, and whether it stopped on a call in doubt.
+    pub fn scored(&self) -> crate::experiment::Episode {
+        let in_doubt = self.calls.last().is_some_and(|c| c.outcome.status == Status::Unknown);
+        crate::experiment::Episode {
+            success: self.success,
+            claimed: self.claimed_success,
+            duplicate: self.duplicate,
+            in_doubt: in_doubt && !self.claimed_success,
+            tool_calls: self.dispatches,
+            verifier_calls: self.verifier_reads,
+            virtual_ms: self.elapsed_ms,
+        }
+    }
+
+    /// Every call with its outcome, then the model's final answer: what
+    /// tells a false claim from nonsense.
+    pub fn detail(&self) -> String {
+        use fmt::Write as _;
+        let mut out = String::new();
+        for call in &self.calls {
+            let _ = write!(
+                out,
+                "\n  {} {}({}) -> {}",
+                call.id, call.name, call.arguments, call.outcome.status
+            );
+            if call.reissued > 0 {
+                let _ = write!(out, " after {} re-issue(s)", call.reissued);
+            }
+        }
+        match &self.final_message {
+            Some(answer) => {
+                let _ = write!(out, "\n  answer: {}", answer.trim().replace('\n', "\n          "));
+            }
+            None => out.push_str("\n  answer: none (the turns ran out)"),
+        }
+        out
+    }
 }
 
 impl fmt::Display for LlmEpisode {
@@ -182,15 +281,8 @@ impl fmt::Display for LlmEpisode {
             self.calls.len(),
             self.dispatches
         )?;
-        for call in &self.calls {
-            write!(
-                f,
-                "\n  {} {}({}) -> {}",
-                call.id, call.name, call.arguments, call.outcome.status
-            )?;
-            if call.reissued > 0 {
-                write!(f, " after {} re-issue(s)", call.reissued)?;
-            }
+        if self.resent > 0 {
+            write!(f, ", {} request(s) re-sent", self.resent)?;
         }
         Ok(())
     }
@@ -210,8 +302,8 @@ pub enum LlmError {
     Io {
         /// The URL requested.
         url: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The client's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// No answer within [`LlmConfig::request_timeout`].
     #[error("the model server at {0} did not answer in time")]
@@ -224,9 +316,37 @@ pub enum LlmError {
         /// The answer's body (cut at 2,000 bytes).
         body: String,
     },
-    /// The answer is not a chat completion.
+    /// The answer is not a chat completion, or names a tool call the
+    /// planner cannot read.
     #[error("the model server's answer is not a chat completion: {0}")]
     Answer(String),
+    /// The server kept failing: the last error, after this many requests.
+    #[error("{last} (gave up after {})", requests(*attempts))]
+    Exhausted {
+        /// Requests sent, the first included.
+        attempts: u32,
+        /// The last one's error.
+        last: Box<LlmError>,
+    },
+}
+
+impl LlmError {
+    /// Whether the same request may succeed later: a timeout, a broken
+    /// connection, a broken answer, HTTP 408, 429 or 5xx. A 4xx otherwise
+    /// (a wrong model name, a refused key, a request too large) would be
+    /// refused again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LlmError::Io { .. } | LlmError::Timeout(_) | LlmError::Answer(_) => true,
+            LlmError::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            LlmError::BaseUrl(_) | LlmError::Exhausted { .. } => false,
+        }
+    }
+}
+
+/// `1 request`, `2 requests`.
+fn requests(n: u32) -> String {
+    if n == 1 { "1 request".to_owned() } else { format!("{n} requests") }
 }
 
 /// The system prompt: how to read tool results.
@@ -239,7 +359,8 @@ is complete, or cannot be completed, answer without calling a tool, starting wit
 FAILURE.";
 
 /// The task as the model is given it.
-pub fn task_prompt(task: &Task) -> String {
+pub fn task_prompt(task: &verified_tools::sim::Task) -> String {
+    use verified_tools::sim::Task;
     match task {
         Task::ActivateCustomer(t) => format!(
             "Task activate_customer: create customer {}, set it ACTIVE (at its current \
@@ -255,266 +376,17 @@ pub fn task_prompt(task: &Task) -> String {
     }
 }
 
-/// Runs one episode of `task` against a simulated server configured as
-/// `sim`, with the model at `config`: the conversation goes on until the
-/// model answers without a tool call or the turns run out; then the ground
-/// truth is read (after letting late arrivals land, for at most 30 s).
-///
-/// # Errors
-///
-/// When the model server cannot be reached or answers something that is
-/// not a chat completion. A model that misuses the tools is not an error:
-/// its mistakes are outcomes it is shown.
-pub async fn run_episode(
-    config: &LlmConfig,
-    task: Task,
-    sim: SimConfig,
-) -> Result<LlmEpisode, LlmError> {
-    let endpoint = Endpoint::parse(&config.base_url)?;
-    let (server, oracle) = SimServer::new(sim);
-    let tools = tool_set(SimClient::new(server, true)).with_context(Context::new("llm-agent"));
-    let listed = tools.openai_tools();
-    let mut messages = vec![
-        json!({"role": "system", "content": SYSTEM_PROMPT}),
-        json!({"role": "user", "content": task_prompt(&task)}),
-    ];
-    let mut calls = Vec::new();
-    let mut turns = 0;
-    let mut final_message = None;
-    while turns < config.max_turns {
-        turns += 1;
-        let mut request = json!({
-            "model": config.model,
-            "messages": messages,
-            "tools": listed,
-            "tool_choice": "auto",
-        });
-        if let Some(t) = config.temperature {
-            request["temperature"] = json!(t);
-        }
-        let answer = endpoint.post(config, "/chat/completions", &request).await?;
-        let message = answer
-            .pointer("/choices/0/message")
-            .cloned()
-            .ok_or_else(|| LlmError::Answer(format!("no choices[0].message in {answer}")))?;
-        let content = message.get("content").and_then(Value::as_str).map(str::to_owned);
-        let requested = tool_calls(&message, turns);
-        if requested.is_empty() {
-            final_message = Some(content.unwrap_or_default());
-            break;
-        }
-        messages.push(json!({
-            "role": "assistant",
-            "content": content,
-            "tool_calls": requested.iter().map(|c| json!({
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            })).collect::<Vec<_>>(),
-        }));
-        for call in requested {
-            let record = dispatch(config, &tools, call).await;
-            let content = serde_json::to_string(&record.outcome)
-                .unwrap_or_else(|e| format!("{{\"status\":\"failed\",\"error\":\"{e}\"}}"));
-            messages.push(json!({"role": "tool", "tool_call_id": record.id, "content": content}));
-            calls.push(record);
-        }
-    }
-    let truth = match tokio::time::timeout(Duration::from_secs(30), oracle.final_truth()).await {
-        Ok(truth) => truth,
-        Err(_) => oracle.truth(),
-    };
-    let claimed_success = final_message
-        .as_deref()
-        .is_some_and(|m| m.trim_start().to_ascii_uppercase().starts_with("SUCCESS"));
-    Ok(LlmEpisode {
-        claimed_success,
-        success: task.holds(&truth),
-        duplicate: truth.has_duplicates(),
-        turns,
-        calls,
-        dispatches: tools.state().calls(),
-        final_message,
-    })
-}
-
-/// A tool call as the model asked for it.
-struct Requested {
-    id: String,
-    name: String,
-    arguments: String,
-}
-
-/// The tool calls of an assistant message. Arguments given as an object
-/// (some servers do) are written back as JSON text; a call without an id
-/// gets `call_<turn>_<n>`.
-fn tool_calls(message: &Value, turn: u32) -> Vec<Requested> {
-    let Some(calls) = message.get("tool_calls").and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    calls
-        .iter()
-        .enumerate()
-        .map(|(n, call)| {
-            let id = call
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|id| !id.is_empty())
-                .map_or_else(|| format!("call_{turn}_{n}"), str::to_owned);
-            let function = call.get("function").unwrap_or(&Value::Null);
-            let name = function.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let arguments = match function.get("arguments") {
-                Some(Value::String(text)) => text.clone(),
-                Some(Value::Null) | None => String::new(),
-                Some(other) => other.to_string(),
-            };
-            Requested { id, name, arguments }
-        })
-        .collect()
-}
-
-/// Dispatches one call by name with its id; re-issues it, same id, while
-/// it stays in doubt and re-issues are left.
-async fn dispatch(config: &LlmConfig, tools: &ToolSet<SimClient>, call: Requested) -> CallRecord {
-    let mut outcome = tools.call_text(&call.name, &call.arguments, &call.id).await;
-    let mut reissued = 0;
-    while outcome.status == Status::Unknown && reissued < config.reissues {
-        tokio::time::sleep(config.reissue_after).await;
-        reissued += 1;
-        outcome = tools.call_text(&call.name, &call.arguments, &call.id).await;
-    }
-    CallRecord { id: call.id, name: call.name, arguments: call.arguments, outcome, reissued }
-}
-
-/// An `http://host:port/prefix` base URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Endpoint {
-    /// `host:port`, to connect to and to send as `Host`.
-    authority: String,
-    /// The path before `/chat/completions`, without a trailing `/`.
-    prefix: String,
-}
-
-impl Endpoint {
-    fn parse(base_url: &str) -> Result<Self, LlmError> {
-        let bad = || LlmError::BaseUrl(base_url.to_owned());
-        let rest = base_url.strip_prefix("http://").ok_or_else(bad)?;
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        if authority.is_empty() || authority.contains('@') {
-            return Err(bad());
-        }
-        let has_port = match authority.rfind(']') {
-            Some(end) => authority[end..].contains(':'),
-            None => authority.contains(':'),
-        };
-        let authority = if has_port { authority.to_owned() } else { format!("{authority}:80") };
-        Ok(Self { authority, prefix: path.trim_end_matches('/').to_owned() })
-    }
-
-    /// POSTs `body` as JSON to `prefix + path` and reads the JSON answer.
-    async fn post(&self, config: &LlmConfig, path: &str, body: &Value) -> Result<Value, LlmError> {
-        let url = format!("http://{}{}{path}", self.authority, self.prefix);
-        let exchange = self.exchange(config, path, body);
-        let (status, body) = match config.request_timeout {
-            Some(limit) => tokio::time::timeout(limit, exchange)
-                .await
-                .map_err(|_| LlmError::Timeout(url.clone()))?,
-            None => exchange.await,
-        }
-        .map_err(|source| LlmError::Io { url, source })?;
-        if !(200..300).contains(&status) {
-            let mut text = String::from_utf8_lossy(&body).into_owned();
-            let mut cut = text.len().min(2000);
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-            return Err(LlmError::Status { status, body: text });
-        }
-        serde_json::from_slice(&body).map_err(|e| LlmError::Answer(e.to_string()))
-    }
-
-    /// One HTTP/1.1 exchange on a new connection (`Connection: close`).
-    async fn exchange(
-        &self,
-        config: &LlmConfig,
-        path: &str,
-        body: &Value,
-    ) -> std::io::Result<(u16, Vec<u8>)> {
-        let body = serde_json::to_vec(body).map_err(std::io::Error::other)?;
-        let mut head = format!(
-            "POST {}{path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Accept: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.prefix,
-            self.authority,
-            body.len()
-        );
-        if let Some(key) = &config.api_key {
-            head.push_str(&format!("Authorization: Bearer {key}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut stream = tokio::net::TcpStream::connect(&self.authority).await?;
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(&body).await?;
-        stream.flush().await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        parse_response(&raw)
-    }
-}
-
-/// Splits an HTTP/1.1 response into its status and body (by
-/// `Content-Length`, chunked, or up to the end).
-fn parse_response(raw: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
-    let invalid =
-        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| invalid("no end of the HTTP header"))?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| invalid("a header is not UTF-8"))?;
-    let body = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|code| code.parse::<u16>().ok())
-        .ok_or_else(|| invalid("no HTTP status"))?;
-    let mut length = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else { continue };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            length = value.parse::<usize>().ok();
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.to_ascii_lowercase().contains("chunked");
-        }
-    }
-    if chunked {
-        return Ok((status, dechunk(body).ok_or_else(|| invalid("a malformed chunked body"))?));
-    }
-    match length {
-        Some(n) if n <= body.len() => Ok((status, body[..n].to_vec())),
-        Some(_) => Err(invalid("the body is shorter than its Content-Length")),
-        None => Ok((status, body.to_vec())),
-    }
-}
-
-/// The body of a chunked transfer.
-fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&body[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(body.get(..size)?);
-        body = body.get(size + 2..)?;
-    }
+/// The tool set of one episode under `spec`'s method: a simulated server
+/// that honours what the method's server honours, keys sent if the method
+/// sends them, and the method's context ([`EpisodeSpec::context`]).
+pub fn episode_tools(
+    spec: &EpisodeSpec,
+    shared: Option<&Shared>,
+) -> (ToolSet<SimClient>, verified_tools::sim::Oracle) {
+    let (server, oracle) = verified_tools::sim::SimServer::new(spec.server());
+    let client = SimClient::new(server, spec.method.forwards_keys());
+    let (agent, _) = spec.identity("llm-agent", shared);
+    (tool_set(client).with_context(spec.context(agent, shared)), oracle)
 }
 
 #[cfg(test)]
@@ -522,45 +394,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base_urls() {
-        let e = Endpoint::parse("http://localhost:11434/v1/").unwrap();
-        assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("localhost:11434", "/v1"));
-        let e = Endpoint::parse("http://10.0.0.1").unwrap();
-        assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("10.0.0.1:80", ""));
-        let e = Endpoint::parse("http://[::1]:8080/v1").unwrap();
-        assert_eq!(e.authority, "[::1]:8080");
-        assert_eq!(Endpoint::parse("http://[::1]/v1").unwrap().authority, "[::1]:80");
-        for bad in ["https://api.openai.com/v1", "localhost:8080", "http://", "http://u:p@h/"] {
-            assert!(matches!(Endpoint::parse(bad), Err(LlmError::BaseUrl(_))), "{bad}");
+    fn only_server_side_failures_are_retried() {
+        let status = |status| LlmError::Status { status, body: String::new() };
+        for retryable in [status(503), status(500), status(429), status(408)] {
+            assert!(retryable.is_retryable(), "{retryable}");
         }
-    }
-
-    #[test]
-    fn responses_by_length_chunks_or_end() {
-        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}trailing";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"{}".to_vec()));
-        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4;x=y\r\n\":1}\r\n0\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"{\"a\":1}".to_vec()));
-        let raw = b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy";
-        assert_eq!(parse_response(raw).unwrap(), (503, b"busy".to_vec()));
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
-        assert!(parse_response(b"garbage").is_err());
-    }
-
-    #[test]
-    fn tool_calls_take_any_argument_form() {
-        let message = json!({"tool_calls": [
-            {"id": "a", "function": {"name": "x", "arguments": "{\"n\":1}"}},
-            {"function": {"name": "y", "arguments": {"n": 2}}},
-            {"id": "", "function": {"name": "z"}},
-        ]});
-        let calls = tool_calls(&message, 3);
-        let seen: Vec<(&str, &str, &str)> =
-            calls.iter().map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str())).collect();
-        assert_eq!(
-            seen,
-            [("a", "x", "{\"n\":1}"), ("call_3_1", "y", "{\"n\":2}"), ("call_3_2", "z", "")]
-        );
-        assert!(tool_calls(&json!({"content": "SUCCESS"}), 1).is_empty());
+        for refused in [status(400), status(401), status(404), LlmError::BaseUrl("x".into())] {
+            assert!(!refused.is_retryable(), "{refused}");
+        }
+        assert!(LlmError::Timeout("u".into()).is_retryable());
+        let exhausted = LlmError::Exhausted { attempts: 3, last: Box::new(status(503)) };
+        assert!(!exhausted.is_retryable());
+        assert!(exhausted.to_string().ends_with("(gave up after 3 requests)"), "{exhausted}");
+        let once = LlmError::Exhausted { attempts: 1, last: Box::new(status(503)) };
+        assert!(once.to_string().ends_with("(gave up after 1 request)"), "{once}");
     }
 }

@@ -26,6 +26,8 @@ pub struct Rates {
     pub duplicates_ci: Interval,
     /// False-success rate (claimed, not true), over all episodes.
     pub false_success: f64,
+    /// Its 95% Wilson interval.
+    pub false_success_ci: Interval,
     /// Cohen's h of the success rate against the baseline cell.
     pub h_success: Option<f64>,
     /// Cohen's h of the duplicate rate against the baseline cell.
@@ -46,6 +48,7 @@ impl Rates {
             duplicates,
             duplicates_ci: wilson95(s.duplicates, s.episodes),
             false_success: rate(s.false_successes),
+            false_success_ci: wilson95(s.false_successes, s.episodes),
             h_success: base.and_then(|b| base_rate(b.successes)).map(|p| cohens_h(success, p)),
             h_duplicates: base
                 .and_then(|b| base_rate(b.duplicates))
@@ -270,64 +273,127 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// Width of one legend entry.
-const LEGEND_SLOT: u32 = 210;
+/// Width of one legend entry: the longest label, "verify+retry, neither,
+/// no margin", at 16 px.
+const LEGEND_SLOT: u32 = 320;
 
-/// Draws Figure 2: per task, success and duplicate rates (bars, with their
-/// 95% Wilson intervals as whiskers) per level and method; a 0% bar is
+/// Legend entries per row.
+const LEGEND_PER_ROW: usize = 4;
+
+/// Height of one legend row.
+const LEGEND_ROW: u32 = 28;
+
+/// What a panel plots of each cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Panel {
+    Success,
+    Duplicates,
+    FalseSuccesses,
+}
+
+impl Panel {
+    const ALL: [Panel; 3] = [Panel::Success, Panel::Duplicates, Panel::FalseSuccesses];
+
+    /// The rate and its interval.
+    fn of(self, r: &Rates) -> (f64, Interval) {
+        match self {
+            Panel::Success => (r.success, r.success_ci),
+            Panel::Duplicates => (r.duplicates, r.duplicates_ci),
+            Panel::FalseSuccesses => (r.false_success, r.false_success_ci),
+        }
+    }
+
+    /// The panel's title after the task, and its axis, in the summary
+    /// table's words.
+    fn words(self) -> (&'static str, &'static str) {
+        match self {
+            Panel::Success => ("task success", "postcondition holds (%)"),
+            Panel::Duplicates => ("duplicate actions", "episodes with a duplicate (%)"),
+            Panel::FalseSuccesses => ("false successes", "claimed done, truth disagrees (%)"),
+        }
+    }
+}
+
+/// The default place of Figure 2 for the program at `exe`: beside the
+/// other outputs of the target directory it was built in
+/// (`<target>/<profile>/examples/agent` draws `<target>/experiment/figure2.svg`),
+/// wherever `CARGO_TARGET_DIR` put it; for a program that is not a cargo
+/// example, `$CARGO_TARGET_DIR/experiment/` or `./target/experiment/`.
+pub fn default_figure_path(exe: &Path) -> std::path::PathBuf {
+    let built_in = exe
+        .parent()
+        .filter(|dir| dir.file_name().is_some_and(|n| n == "examples"))
+        .and_then(Path::parent)
+        .and_then(Path::parent);
+    let target = match built_in {
+        Some(target) => target.to_path_buf(),
+        None => std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| "target".into(), Into::into),
+    };
+    target.join("experiment").join("figure2.svg")
+}
+
+/// Draws Figure 2: per task, success, duplicate and false-success rates
+/// (bars, with their 95% Wilson intervals as whiskers) per level and
+/// method, the methods named as the summary table names them
+/// ([`Method::label`](crate::experiment::Method::label)); a 0% bar is
 /// labelled "0" so that a method that never duplicates is visibly there.
-/// The duplicate panels' axis ends at the highest interval bound (rounded
-/// up to 10%), the success panels' at 100%.
+/// The duplicate and false-success panels' axis ends at the highest of
+/// their interval bounds (rounded up to 10%), the success panels' at 100%.
 pub fn svg(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let c = &results.config;
     let rows = c.tasks.len().max(1) as u32;
-    // Wide enough for the legend in one row.
-    let width = (LEGEND_SLOT * c.methods.len() as u32 + 40).max(1400);
-    let root = SVGBackend::new(path, (width, 76 + 420 * rows)).into_drawing_area();
+    let legend_rows = c.methods.len().div_ceil(LEGEND_PER_ROW).max(1) as u32;
+    let width = (LEGEND_SLOT * LEGEND_PER_ROW as u32 + 40).max(1800);
+    let legend_height = LEGEND_ROW * legend_rows + 12;
+    let root = SVGBackend::new(path, (width, 40 + legend_height + 420 * rows)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
-        "Success and duplicate actions per fault level and method ({} episodes per cell; \
-         whiskers: 95% Wilson interval)",
+        "Success, duplicate actions and false successes per fault level and method ({} \
+         episodes per cell; whiskers: 95% Wilson interval)",
         c.episodes
     );
     let root = root.titled(&title, ("sans-serif", 20))?;
-    let (legend, root) = root.split_vertically(36);
+    let (legend, root) = root.split_vertically(legend_height);
     draw_legend(&legend, &c.methods)?;
-    // Duplicate rates stay low: their panels share an axis that ends at the
-    // highest interval bound, rounded up to 10%, instead of at 100%.
+    // Duplicates and false successes stay low: their panels share an axis
+    // that ends at the highest interval bound, rounded up to 10%, instead
+    // of at 100%.
     let highest = results
         .cells
         .iter()
-        .map(|cell| Rates::of(results, cell).duplicates_ci.hi)
+        .map(|cell| Rates::of(results, cell))
+        .map(|r| r.duplicates_ci.hi.max(r.false_success_ci.hi))
         .fold(0.0, f64::max);
-    let dup_top = ((100.0 * highest / 10.0).ceil() * 10.0).clamp(10.0, 100.0);
-    let panels = root.split_evenly((rows as usize, 2));
-    for (i, panel) in panels.iter().enumerate() {
-        let Some(&task) = c.tasks.get(i / 2) else { break };
-        let duplicates = i % 2 == 1;
-        let top = if duplicates { dup_top } else { 100.0 };
-        draw_panel(results, panel, task, duplicates, top)?;
+    let low_top = ((100.0 * highest / 10.0).ceil() * 10.0).clamp(10.0, 100.0);
+    let panels = root.split_evenly((rows as usize, Panel::ALL.len()));
+    for (i, area) in panels.iter().enumerate() {
+        let Some(&task) = c.tasks.get(i / Panel::ALL.len()) else { break };
+        let panel = Panel::ALL[i % Panel::ALL.len()];
+        let top = if panel == Panel::Success { 100.0 } else { low_top };
+        draw_panel(results, area, task, panel, top)?;
     }
     root.present()?;
     Ok(())
 }
 
-/// One legend for every panel, in a row above them: no legend box covers
-/// a bar.
+/// One legend for every panel, in rows above them (no legend box covers a
+/// bar), each method in the summary table's words.
 fn draw_legend(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     methods: &[crate::experiment::Method],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (w, _) = area.dim_in_pixel();
     let slot = LEGEND_SLOT as i32;
-    let mut x = (w as i32 - slot * methods.len() as i32).max(0) / 2;
-    for &method in methods {
+    let per_row = methods.len().min(LEGEND_PER_ROW) as i32;
+    let left = (w as i32 - slot * per_row).max(0) / 2;
+    for (i, &method) in methods.iter().enumerate() {
+        let x = left + slot * (i % LEGEND_PER_ROW) as i32;
+        let y = 6 + (LEGEND_ROW as usize * (i / LEGEND_PER_ROW)) as i32;
         let colour = colour_of(method);
-        area.draw(&Rectangle::new([(x, 10), (x + 16, 26)], colour.filled()))?;
+        area.draw(&Rectangle::new([(x, y + 4), (x + 16, y + 20)], colour.filled()))?;
         let style =
             ("sans-serif", 16).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
-        area.draw(&Text::new(method.name(), (x + 24, 18), style))?;
-        x += slot;
+        area.draw(&Text::new(method.label(), (x + 24, y + 12), style))?;
     }
     Ok(())
 }
@@ -340,16 +406,13 @@ fn draw_panel(
     results: &Results,
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     task: verified_tools::sim::TaskKind,
-    duplicates: bool,
+    panel: Panel,
     top: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let c = &results.config;
     let levels = c.levels.len() as f64;
-    let (title, y_desc) = if duplicates {
-        (format!("{task}: duplicate actions"), "episodes with a duplicate (%)")
-    } else {
-        (format!("{task}: task success"), "postcondition holds (%)")
-    };
+    let (what, y_desc) = panel.words();
+    let title = format!("{task}: {what}");
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
         .margin(12)
@@ -384,12 +447,7 @@ fn draw_panel(
             .filter(|cell| cell.task == task && cell.method == method)
             .filter_map(|cell| {
                 let l = c.levels.iter().position(|&l| l == cell.level)? as f64;
-                let r = Rates::of(results, cell);
-                let (p, ci) = if duplicates {
-                    (r.duplicates, r.duplicates_ci)
-                } else {
-                    (r.success, r.success_ci)
-                };
+                let (p, ci) = panel.of(&Rates::of(results, cell));
                 Some((l + 0.1 + m as f64 * width, 100.0 * p, ci))
             })
             .collect();

@@ -679,55 +679,6 @@ fn the_partial_ok_world_adds_faults_and_moves_none() {
     assert!("partial_ok".parse::<FaultModel>().is_err());
 }
 
-#[test]
-fn the_figure_has_one_legend_titles_and_axes() {
-    let methods = [Method::RetryOnly, Method::VerifyBeforeRetry];
-    let results = grid(25, &methods, 1);
-    let path = std::env::temp_dir().join(format!("figure2-{}.svg", std::process::id()));
-    report::svg(&results, &path).expect("the figure draws");
-    let svg = std::fs::read_to_string(&path).expect("the figure was written");
-    let _ = std::fs::remove_file(&path);
-    let texts: Vec<&str> = svg
-        .split("<text")
-        .skip(1)
-        .filter_map(|t| t.split_once('>').and_then(|(_, rest)| rest.split_once("</text>")))
-        .map(|(text, _)| text.trim())
-        .collect();
-    let count = |s: &str| texts.iter().filter(|&&t| t == s).count();
-    // One shared legend: each method named once, the others not at all.
-    assert_eq!((count("retry_only"), count("verify_before_retry")), (1, 1), "{texts:?}");
-    assert_eq!(count("verify_only") + count("keys_only") + count("vbr_no_server_keys"), 0);
-    for task in ["activate_customer", "record_invoice"] {
-        assert_eq!(count(&format!("{task}: task success")), 1);
-        assert_eq!(count(&format!("{task}: duplicate actions")), 1);
-    }
-    // Both axes described in every panel; every level labelled per panel.
-    assert_eq!(count("fault level"), 4);
-    assert_eq!(count("postcondition holds (%)") + count("episodes with a duplicate (%)"), 4);
-    for level in ["low", "medium", "high", "extreme"] {
-        assert_eq!(count(level), 4, "{level}");
-    }
-    // verify_before_retry never duplicates: its 8 0% bars are labelled "0",
-    // next to the 4 panels' "0" ticks (retry_only duplicates in every cell).
-    assert_eq!(count("0"), 8 + 4);
-    assert!(texts.iter().any(|t| t.contains("25 episodes per cell")));
-    // Success panels end at 100%; the duplicate panels at the highest
-    // interval bound rounded up to 10%: below 100% here, the baseline's
-    // worst cell has fewer than 20 of 25 episodes duplicated.
-    let highest = results
-        .cells
-        .iter()
-        .map(|c| report::Rates::of(&results, c).duplicates_ci.hi)
-        .fold(0.0, f64::max);
-    let top = ((100.0 * highest / 10.0).ceil() * 10.0) as u32;
-    assert!((50..100).contains(&top), "{highest}");
-    // "100" once per success panel; the top once per duplicate panel (and
-    // once more per success panel when it is also one of their ticks,
-    // 0, 20, .., 100).
-    let on_success_axis = if top.is_multiple_of(20) { 2 } else { 0 };
-    assert_eq!((count("100"), count(&top.to_string())), (2, 2 + on_success_axis), "top {top}");
-}
-
 /// `--ledger sqlite:PATH` and `--ledger redis://..` need the package's
 /// features of those names; without them the choice parses (so `--help` and
 /// the error name it) and opening it says which feature to add. The grid on
