@@ -22,3 +22,4 @@ mod raw_identifier;
 mod schema_tool;
 mod skip_secret_and_key;
 mod verifier_returns_result;
+mod verifier_takes_key;

@@ -574,8 +574,9 @@ fn dispatch(tool: &Tool) -> TokenStream {
 ///   trait `__VtVerifier` (one impl per form, with and without the key) is
 ///   not implemented for it, and its message writes out the signature to
 ///   give it;
-/// - a verifier that takes the key without `verify_key = true` (or the
-///   reverse): `__VtKeyArgument` says to add (or remove) `verify_key`;
+/// - a verifier that takes the key or not, against a `verify_key = ..`
+///   that says otherwise: `__VtKeyArgument` says what to remove (without
+///   `verify_key`, the verifier's arity decides);
 /// - a verifier that is not `async`: `__VtAsync`, then a stand-in future
 ///   (`__private::VerifierRead`) so that the `.await` adds no error;
 /// - a verdict of the wrong type: `IntoVerdict`.
@@ -583,7 +584,7 @@ pub(crate) fn verifier(
     func: &ToolFn,
     path: &syn::Path,
     ok: &syn::Type,
-    with_key: bool,
+    with_key: Option<bool>,
 ) -> TokenStream {
     let span = path.span();
     let is_method = func.receiver.is_some();
@@ -628,7 +629,13 @@ pub(crate) fn verifier(
     let (key_message, key_label) = (&messages.key, &messages.key_label);
     let (async_message, async_label, async_note) =
         (&messages.not_async, &messages.not_async_label, &messages.not_async_note);
-    let expected_key = if with_key { quote!(TakesKey) } else { quote!(TakesNoKey) };
+    // Without `verify_key`, the verifier's arity says whether it takes the
+    // key: both forms are verifiers, and inference picks the one it fits.
+    let expected_key: Vec<TokenStream> = match with_key {
+        Some(true) => vec![quote!(TakesKey)],
+        Some(false) => vec![quote!(TakesNoKey)],
+        None => vec![quote!(TakesNoKey), quote!(TakesKey)],
+    };
 
     let types: Vec<Ident> = (0..arity).map(|i| format_ident!("__VtA{}", i)).collect();
     let values: Vec<Ident> = (0..arity).map(|i| format_ident!("__vt_a{}", i)).collect();
@@ -676,7 +683,7 @@ pub(crate) fn verifier(
         }
         #[diagnostic::on_unimplemented(message = #key_message, label = #key_label)]
         trait __VtKeyArgument {}
-        impl __VtKeyArgument for ::verified_tools::__private::#expected_key {}
+        #(impl __VtKeyArgument for ::verified_tools::__private::#expected_key {})*
         #[diagnostic::on_unimplemented(message = #async_message, label = #async_label, note = #async_note)]
         trait __VtAsync {}
         impl<__VtF: ?::core::marker::Sized + ::core::future::Future> __VtAsync for __VtF {}
@@ -731,7 +738,8 @@ struct VerifierMessages {
 }
 
 impl VerifierMessages {
-    fn new(func: &ToolFn, path: &syn::Path, ok: &syn::Type, with_key: bool) -> Self {
+    fn new(func: &ToolFn, path: &syn::Path, ok: &syn::Type, with_key: Option<bool>) -> Self {
+        let with_key = with_key == Some(true);
         let tool = func.item.sig.ident.to_string();
         let written =
             path.segments.iter().map(|s| s.ident.to_string()).collect::<Vec<_>>().join("::");
@@ -775,8 +783,9 @@ impl VerifierMessages {
         } else {
             (
                 format!(
-                    "the verifier `{written}` takes the call's `IdempotencyKey`: add \
-                     `verify_key = true` to `#[verified_tool(..)]`"
+                    "`verify_key = false` says the verifier takes no key, but `{written}` takes \
+                     the call's `IdempotencyKey`: remove `verify_key = false` (the verifier's \
+                     parameters say it)"
                 ),
                 "takes the key as its last parameter".to_owned(),
             )
@@ -788,7 +797,7 @@ impl VerifierMessages {
             signature_label: escape(format!("not a verifier of `{tool}`")),
             signature_note: "a verifier takes the tool's parameters but the `IdempotencyKey`, \
                 `Deadline` and `Holder` ones, in order, each by shared reference (`&T` for an owned `T`), then \
-                the key if `verify_key = true`; it returns `Verdict<T>` or `Result<Verdict<T>, E>`"
+                optionally the call's `IdempotencyKey`; it returns `Verdict<T>` or `Result<Verdict<T>, E>`"
                 .to_owned(),
             key: escape(key),
             key_label,

@@ -14,7 +14,7 @@ use crate::validate;
 pub(crate) fn expand(
     func: &ToolFn,
     verify: Option<&syn::Path>,
-    verify_key: bool,
+    verify_key: Option<bool>,
     classify: Option<&syn::Path>,
 ) -> TokenStream {
     let item = &func.item;

@@ -45,7 +45,7 @@ fn run(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_m
     let func = parse::tool_fn(item_fn);
     let verify = args.verify.clone();
     let classify = args.classify.clone();
-    let verify_key = args.verify_key.as_ref().is_some_and(|l| l.value);
+    let verify_key = args.verify_key.as_ref().map(|l| l.value);
     match validate::tool(args, func, &cx) {
         Ok(tool) => expand::tool(&tool),
         Err(func) => {

@@ -352,6 +352,11 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
             "params" => args.params = param_docs(&key, value, cx),
             "verify_response" | "verify_key" | "send" | "json" | "schema" => {
                 let example = format!("{name} = true");
+                // A bare flag is `true`, as tracing's `err` and `ret` are.
+                let value = match value {
+                    RawValue::Flag => RawValue::Eq(quote::quote_spanned!(key.span()=> true)),
+                    other => other,
+                };
                 if let Some(tokens) = eq_value(&key, value, &example, cx) {
                     match syn::parse2::<LitBool>(tokens.clone()) {
                         Ok(lit) if name == "send" => args.send = Some(lit),

@@ -26,8 +26,9 @@ pub(crate) struct Tool {
     pub settle_ms: Option<u64>,
     pub bucket_ms: Option<u64>,
     pub verify_response: Option<bool>,
-    /// The verifier also receives the call's key, as its last argument.
-    pub verify_key: bool,
+    /// Whether the verifier receives the call's key as its last argument:
+    /// `None` when the attribute does not say (the verifier's arity does).
+    pub verify_key: Option<bool>,
     pub send: bool,
     /// Also generate `<name>_json`, taking the key-relevant arguments from JSON.
     pub json: bool,
@@ -178,7 +179,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             settle_ms: args.settle.map(|d| d.millis),
             bucket_ms: args.bucket.map(|d| d.millis),
             verify_response: args.verify_response.map(|l| l.value),
-            verify_key: args.verify_key.is_some_and(|l| l.value),
+            verify_key: args.verify_key.map(|l| l.value),
             json: args.json.is_some_and(|l| l.value) || schema.is_some(),
             schema: schema.map(|l| l.span),
             docs,
