@@ -174,6 +174,7 @@ mod side_effect;
 pub mod sim;
 mod spec;
 mod telemetry;
+mod tool;
 pub mod toolset;
 mod verdict;
 
@@ -187,6 +188,7 @@ pub use policy::{Backoff, Mode, RetryPolicy, VerifyBudget};
 pub use result::{ArgsError, CallError, Cause, Proof, ToolResult, UnknownReason};
 pub use side_effect::{ParseSideEffectError, SideEffect};
 pub use spec::{EffectKind, Param, ToolSpec};
+pub use tool::Tool;
 pub use verdict::{IntoVerdict, Verdict};
 #[doc = include_str!("attribute.md")]
 pub use verified_tools_macros::verified_tool;

@@ -3,7 +3,6 @@
 //! that abandons it if the call is dropped.
 
 use std::any::Any;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,14 +10,15 @@ use tokio::time::{Instant, sleep};
 
 use super::decide::Event;
 use super::decide::Stage;
-use super::{Attempt, Call};
+use super::{Call, Fail, Out};
 use crate::context::LedgerOutage;
 use crate::key::Derived;
 use crate::ledger::{
     ClaimRequest, Claimed, Codec, End, Fence, Ledger, LedgerError, Progress, Recorded, Replay,
     Settle,
 };
-use crate::{CallError, Cause, Classify, IdempotencyKey, SideEffect, ToolResult, Verdict};
+use crate::tool::Tool;
+use crate::{CallError, Cause, IdempotencyKey, SideEffect, ToolResult};
 
 /// A held ledger key. Dropped while armed (the call's future was cancelled,
 /// or unwound), it abandons the hold: the record stays in doubt, so the next
@@ -61,22 +61,14 @@ impl<T: Clone + Send + Sync + 'static> Recorded for Value<'_, T> {
     }
 }
 
-impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
-where
-    T: Clone + Send + Sync + 'static,
-    E: Classify,
-    D: FnMut(Attempt) -> DF,
-    DF: Future<Output = Result<T, E>>,
-    V: FnMut(IdempotencyKey) -> VF,
-    VF: Future<Output = Verdict<T>>,
-{
+impl<'a, X: Tool> Call<'a, X> {
     /// Claims the key in the ledger: a repeat returns the recorded outcome, a
     /// call in doubt is verified first, a call in flight is waited for.
     pub(super) async fn claim(
         &mut self,
         ledger: &'a dyn Ledger,
         derived: Derived,
-    ) -> Result<Event, ToolResult<T, E>> {
+    ) -> Result<Event, ToolResult<Out<X>, Fail<X>>> {
         let (cx, tool) = (self.cx, self.spec.name);
         let lease = ledger.lease();
         if lease < self.policy.call_timeout {
@@ -143,8 +135,8 @@ where
                 }
                 Claimed::Completed(replay) => {
                     let value = match replay {
-                        Replay::Local(value) => value.downcast_ref::<T>().cloned(),
-                        Replay::Encoded(bytes) => self.codec.decode(&bytes),
+                        Replay::Local(value) => value.downcast_ref::<Out<X>>().cloned(),
+                        Replay::Encoded(bytes) => self.tool.codec().decode(&bytes),
                         Replay::Unrecorded => None,
                     };
                     return Ok(match value {

@@ -50,6 +50,7 @@ use crate::deadline::Timeline;
 use crate::key::{Derived, Payload};
 use crate::ledger::{Codec, End, LedgerError, Progress};
 use crate::telemetry;
+use crate::tool::Tool;
 use crate::{
     CallError, Cause, Classify, Context, Deadline, ErrorClass, IdempotencyKey, KeyScope,
     RetryPolicy, SideEffect, ToolResult, ToolSpec, UnknownReason, Verdict,
@@ -135,11 +136,32 @@ where
     V: FnMut(IdempotencyKey) -> VF,
     VF: Future<Output = Verdict<T>>,
 {
+    run(cx, Closures { spec, dispatch, verify, codec }, payload, audit_args).await
+}
+
+/// Runs one logical call of any [`Tool`] through the engine: the one entry
+/// point, which [`call`] and `#[verified_tool]` reach too.
+///
+/// `payload` is what the key is derived from (the tool's key-relevant
+/// arguments, or an [`Effect`](crate::key::Effect)); `audit_args` is what
+/// the audit and escalation tickets show (secrets redacted).
+pub async fn run<X, P, A>(
+    cx: &Context,
+    tool: X,
+    payload: &P,
+    audit_args: &A,
+) -> ToolResult<X::Output, X::Error>
+where
+    X: Tool,
+    P: Payload + ?Sized,
+    A: Serialize + ?Sized,
+{
+    let spec = tool.spec();
     let policy = Effective::new(cx, spec);
     let rules = Rules {
         class: spec.side_effect,
         mode: cx.mode(),
-        verifier: verify.is_some(),
+        verifier: tool.verifies(),
         retries: policy.retries,
         verify_response: policy.verify_response,
         check: cx.is_check(),
@@ -167,9 +189,7 @@ where
         cause: None,
         absent_seen: false,
         args: None,
-        dispatch,
-        verify,
-        codec,
+        tool,
     };
     if cx.audit.is_some() || cx.escalation.is_some() || telemetry::listening(&span) {
         call.args = serde_json::value::to_raw_value(audit_args).ok();
@@ -180,6 +200,58 @@ where
     })
     .await
 }
+
+/// The tool [`call`] makes of its closures.
+struct Closures<T, D, V> {
+    spec: &'static ToolSpec,
+    dispatch: D,
+    verify: Option<V>,
+    codec: Codec<T>,
+}
+
+impl<T, E, D, DF, V, VF> Tool for Closures<T, D, V>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Classify,
+    D: FnMut(Attempt) -> DF,
+    DF: Future<Output = Result<T, E>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<T>>,
+{
+    type Output = T;
+    type Error = E;
+
+    fn spec(&self) -> &'static ToolSpec {
+        self.spec
+    }
+
+    fn dispatch(&mut self, attempt: Attempt) -> impl Future<Output = Result<T, E>> {
+        (self.dispatch)(attempt)
+    }
+
+    fn verifies(&self) -> bool {
+        self.verify.is_some()
+    }
+
+    fn verify(&mut self, key: IdempotencyKey) -> impl Future<Output = Verdict<T>> {
+        let read = self.verify.as_mut().map(|verify| verify(key));
+        async move {
+            match read {
+                Some(read) => read.await,
+                None => Verdict::Unknown,
+            }
+        }
+    }
+
+    fn codec(&self) -> Codec<T> {
+        self.codec
+    }
+}
+
+/// The value of a tool's success.
+type Out<X> = <X as Tool>::Output;
+/// The error of a tool's failed attempt.
+type Fail<X> = <X as Tool>::Error;
 
 /// The policy of one call: the class default by reference (it is large, and
 /// the call's future carries it), with the tool's overrides resolved (one
@@ -208,7 +280,7 @@ impl<'a> Effective<'a> {
     }
 }
 
-struct Call<'a, T, E, D, V> {
+struct Call<'a, X: Tool> {
     cx: &'a Context,
     spec: &'static ToolSpec,
     /// Where the transitions go besides the audit sink.
@@ -228,28 +300,18 @@ struct Call<'a, T, E, D, V> {
     /// The payload of the tool's panic, until the call unwinds with it.
     panic: Option<Box<dyn Any + Send>>,
     /// The value of the answer or of the verifier's `Holds`.
-    value: Option<T>,
+    value: Option<Out<X>>,
     /// The last failure.
-    cause: Option<Cause<E>>,
+    cause: Option<Cause<Fail<X>>>,
     absent_seen: bool,
     args: Option<Box<RawValue>>,
-    dispatch: D,
-    verify: Option<V>,
-    codec: Codec<T>,
+    tool: X,
 }
 
-impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
-where
-    T: Clone + Send + Sync + 'static,
-    E: Classify,
-    D: FnMut(Attempt) -> DF,
-    DF: Future<Output = Result<T, E>>,
-    V: FnMut(IdempotencyKey) -> VF,
-    VF: Future<Output = Verdict<T>>,
-{
+impl<'a, X: Tool> Call<'a, X> {
     /// Runs the call within its deadline. A call that never waits (the tool
     /// answers on its first poll) never arms the timer.
-    async fn bounded<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
+    async fn bounded<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<Out<X>, Fail<X>> {
         let timeline = self.timeline;
         let outcome = {
             let mut run = std::pin::pin!(self.run(payload));
@@ -266,7 +328,7 @@ where
 
     /// The call's deadline struck: `decide` says what that means where the
     /// call was.
-    fn expired(&mut self) -> ToolResult<T, E> {
+    fn expired(&mut self) -> ToolResult<Out<X>, Fail<X>> {
         if self.stage == Stage::Attempting {
             self.cause = Some(Cause::DeadlineReached(self.policy.call_timeout));
         }
@@ -280,7 +342,7 @@ where
         }
     }
 
-    async fn run<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<T, E> {
+    async fn run<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<Out<X>, Fail<X>> {
         let derived = match self.derive(payload) {
             Ok(derived) => derived,
             Err(refused) => return refused,
@@ -317,7 +379,10 @@ where
     }
 
     /// Derives the key, once for the whole logical call.
-    fn derive<P: Payload + ?Sized>(&mut self, payload: &P) -> Result<Derived, ToolResult<T, E>> {
+    fn derive<P: Payload + ?Sized>(
+        &mut self,
+        payload: &P,
+    ) -> Result<Derived, ToolResult<Out<X>, Fail<X>>> {
         let cx = self.cx;
         let tool = self.spec.name;
         let mut bucket = KeyScope::DEFAULT;
@@ -425,8 +490,9 @@ where
         &mut self,
         attempt: Attempt,
         deadline: Deadline,
-    ) -> Result<Option<Result<T, E>>, Box<dyn Any + Send>> {
-        let future = std::panic::catch_unwind(AssertUnwindSafe(|| (self.dispatch)(attempt)))?;
+    ) -> Result<Option<Result<Out<X>, Fail<X>>>, Box<dyn Any + Send>> {
+        let tool = &mut self.tool;
+        let future = std::panic::catch_unwind(AssertUnwindSafe(|| tool.dispatch(attempt)))?;
         let mut future = std::pin::pin!(catch_unwind(future));
         // A tool that answers on its first poll never arms the timer: the
         // common case pays nothing for the timeout.

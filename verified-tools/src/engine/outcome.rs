@@ -2,19 +2,19 @@
 //! it, and the one hook through which every transition reaches the audit
 //! sink and the call's span.
 
-use std::future::Future;
 use std::time::Duration;
 
 use super::claim::Value;
 use super::decide::{self, Event, Refusal};
-use super::{Attempt, Call};
+use super::{Call, Fail, Out};
 use crate::audit::{AuditEvent, CallIdentity, CallState};
 use crate::escalation::Ticket;
 use crate::ledger::{End, LedgerError};
 use crate::telemetry;
+use crate::tool::Tool;
 use crate::{
-    CallError, Cause, Classify, Context, ErrorClass, IdempotencyKey, KeyScope, Proof, ToolResult,
-    ToolSpec, UnknownReason, Verdict,
+    CallError, Cause, Classify, Context, ErrorClass, KeyScope, Proof, ToolResult, ToolSpec,
+    UnknownReason, Verdict,
 };
 
 /// Records a call refused before it had a key, for its JSON arguments did not
@@ -110,16 +110,8 @@ fn describe<E>(cause: &Cause<E>) -> &'static str {
     }
 }
 
-impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
-where
-    T: Clone + Send + Sync + 'static,
-    E: Classify,
-    D: FnMut(Attempt) -> DF,
-    DF: Future<Output = Result<T, E>>,
-    V: FnMut(IdempotencyKey) -> VF,
-    VF: Future<Output = Verdict<T>>,
-{
-    pub(super) fn succeed(&mut self, event: Event) -> ToolResult<T, E> {
+impl<'a, X: Tool> Call<'a, X> {
+    pub(super) fn succeed(&mut self, event: Event) -> ToolResult<Out<X>, Fail<X>> {
         let key = self.key();
         let proof = match event {
             Event::Answered => Proof::Response,
@@ -134,7 +126,7 @@ where
         }
     }
 
-    pub(super) fn failed(&mut self) -> ToolResult<T, E> {
+    pub(super) fn failed(&mut self) -> ToolResult<Out<X>, Fail<X>> {
         match self.cause.take() {
             Some(Cause::Error(error)) => ToolResult::Failed { error, key: self.key() },
             // Unreachable: only a definitive error fails.
@@ -146,11 +138,11 @@ where
 
     /// The cause of an ending no failure of this call explains: a check
     /// that found nothing sent says so; otherwise earlier calls left it.
-    fn no_cause(&self) -> Cause<E> {
+    fn no_cause(&self) -> Cause<Fail<X>> {
         if self.facts.attempts == 0 { Cause::NeverSent } else { Cause::Interrupted }
     }
 
-    pub(super) fn not_applied(&mut self) -> ToolResult<T, E> {
+    pub(super) fn not_applied(&mut self) -> ToolResult<Out<X>, Fail<X>> {
         ToolResult::NotApplied {
             cause: self.cause.take().unwrap_or(self.no_cause()),
             key: self.key(),
@@ -158,7 +150,7 @@ where
     }
 
     /// Nothing more can be done in doubt: irreversible actions go to a person.
-    pub(super) fn unresolved(&mut self, reason: UnknownReason) -> ToolResult<T, E> {
+    pub(super) fn unresolved(&mut self, reason: UnknownReason) -> ToolResult<Out<X>, Fail<X>> {
         let key = self.key();
         let cause = self.cause.take().unwrap_or(self.no_cause());
         if !decide::escalates(self.spec.side_effect, reason) {
@@ -180,7 +172,7 @@ where
 
     /// Refused before acting: the ledger never answered the claim, or
     /// another call held the key for the whole deadline.
-    pub(super) fn refused(&mut self, refusal: Refusal) -> ToolResult<T, E> {
+    pub(super) fn refused(&mut self, refusal: Refusal) -> ToolResult<Out<X>, Fail<X>> {
         let (tool, key) = (self.spec.name, self.key());
         match refusal {
             Refusal::LedgerSilent => {
@@ -196,7 +188,10 @@ where
     /// taken over (it was paused past its lease) cannot say the effect did
     /// not happen: the call that took the key over may have made it, so a
     /// `Failed` or `NotApplied` it reached becomes `Unknown { Superseded }`.
-    pub(super) async fn finish(&mut self, mut result: ToolResult<T, E>) -> ToolResult<T, E> {
+    pub(super) async fn finish(
+        &mut self,
+        mut result: ToolResult<Out<X>, Fail<X>>,
+    ) -> ToolResult<Out<X>, Fail<X>> {
         // The ledger first: an audit sink that panics must not leave a
         // proven success recorded as in doubt.
         if let Some(hold) = self.hold.take() {
@@ -205,7 +200,7 @@ where
             // has only the attempts left (none after a contradicted OK).
             let written = match &result {
                 ToolResult::Success { value, .. } => {
-                    hold.close(End::Completed(&Value { value, codec: self.codec })).await
+                    hold.close(End::Completed(&Value { value, codec: self.tool.codec() })).await
                 }
                 ToolResult::Failed { .. } | ToolResult::NotApplied { .. } => {
                     hold.close(End::Settled).await
@@ -235,14 +230,14 @@ where
 
     /// The one hook of every transition: the audit sink and the span.
     #[inline]
-    pub(super) fn note(&self, state: CallState, detail: Detail<'_, T, E>) {
+    pub(super) fn note(&self, state: CallState, detail: Detail<'_, Out<X>, Fail<X>>) {
         if self.cx.audit.is_some() || telemetry::listening(&self.span) {
             self.emit(state, detail);
         }
     }
 
     #[inline(never)]
-    fn emit(&self, state: CallState, detail: Detail<'_, T, E>) {
+    fn emit(&self, state: CallState, detail: Detail<'_, Out<X>, Fail<X>>) {
         let mut text = None;
         let mut e = AuditEvent {
             at_unix_ms: self.cx.clock().unix_ms(),

@@ -1,27 +1,19 @@
 //! Reading the verifier: until the effect is shown, or shown absent once the
 //! last attempt has settled, or the reads run out.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use super::decide::Event;
 use super::outcome::Detail;
-use super::{Attempt, Call, catch_unwind};
+use super::{Call, Out, catch_unwind};
 use crate::audit::CallState;
 use crate::ledger::Progress;
-use crate::{Cause, Classify, IdempotencyKey, Verdict};
+use crate::tool::Tool;
+use crate::{Cause, Verdict};
 
-impl<'a, T, E, D, V, DF, VF> Call<'a, T, E, D, V>
-where
-    T: Clone + Send + Sync + 'static,
-    E: Classify,
-    D: FnMut(Attempt) -> DF,
-    DF: Future<Output = Result<T, E>>,
-    V: FnMut(IdempotencyKey) -> VF,
-    VF: Future<Output = Verdict<T>>,
-{
+impl<'a, X: Tool> Call<'a, X> {
     /// Reads the verifier until the effect is shown, or shown absent after
     /// the last attempt settled, or the reads run out.
     pub(super) async fn verify(&mut self, after: Event) -> Event {
@@ -88,17 +80,22 @@ where
     }
 
     /// One verifier read: a panic, a timeout or a failed read is `Unknown`.
-    async fn read_verifier(&mut self) -> Verdict<T> {
+    async fn read_verifier(&mut self) -> Verdict<Out<X>> {
         let key = self.key();
-        let Some(verify) = self.verify.as_mut() else {
+        if !self.tool.verifies() {
             return Verdict::Unknown;
-        };
-        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(|| verify(key))) else {
+        }
+        let limit = self.policy.attempt_timeout;
+        let tool = &mut self.tool;
+        let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let tool = tool;
+            tool.verify(key)
+        })) else {
             return Verdict::Unknown;
         };
         let guarded = catch_unwind(read);
         // Bounded by the attempt timeout; without one, by the call deadline.
-        let verdict = match self.policy.attempt_timeout {
+        let verdict = match limit {
             Some(limit) => timeout_at(crate::deadline::later(Instant::now(), limit), guarded)
                 .await
                 .ok()
