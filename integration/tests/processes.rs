@@ -250,13 +250,13 @@ fn signal(pid: u32, name: &str) {
 
 /// Worker P claims call 0 and stops itself (SIGSTOP) with the request in
 /// hand; worker Q waits for P's lease to end, takes the key over, verifies
-/// `Absent` and sends; then P is continued. What P does then is what
-/// `check` says, and what P reports is never "not applied": Q may have made
-/// the effect (it did).
-fn paused_past_the_lease(ledger: &str, effects_file: &Path, check: &str) -> (usize, String) {
-    let run = run_id(&format!("pause-{check}"));
-    let p_args =
-        ["--from", "0", "--to", "1", "--lease-ms", "1000", "--stop-before-send", "--check", check];
+/// `Absent` and sends; then P is continued. What P does then is what its
+/// arguments say; what it reports is never "not applied": Q may have made
+/// the effect (it did). Answers the key and P's outcome line.
+fn paused_past_the_lease(ledger: &str, effects_file: &Path, p_extra: &[&str]) -> (String, String) {
+    let run = run_id("pause");
+    let mut p_args = vec!["--from", "0", "--to", "1", "--lease-ms", "1000"];
+    p_args.extend_from_slice(p_extra);
     let mut p = worker(ledger, effects_file, &run, &p_args).spawn().expect("spawn P");
     let mut p_lines = BufReader::new(p.stdout.take().expect("piped")).lines();
     let first = p_lines.next().expect("P's first line").expect("utf-8");
@@ -268,14 +268,22 @@ fn paused_past_the_lease(ledger: &str, effects_file: &Path, check: &str) -> (usi
         std::thread::yield_now();
     }
     // Q's lease (and so its call's deadline) outlasts P's: it waits for
-    // P's hold to end, however slow the machine.
-    let q_args = ["--from", "0", "--to", "1", "--lease-ms", "20000"];
+    // P's hold to end, however slow the machine. It writes as P would.
+    let mut q_args = vec!["--from", "0", "--to", "1", "--lease-ms", "20000"];
+    q_args.extend(p_extra.iter().filter(|a| a.starts_with("--effects-db")));
+    if let Some(at) = p_extra.iter().position(|a| *a == "--write") {
+        q_args.extend_from_slice(&p_extra[at..at + 2]);
+    }
     let q = finish(worker(ledger, effects_file, &run, &q_args).spawn().expect("spawn Q"));
     assert!(q[0].contains(" success "), "{ledger}: Q took the key over and sent: {q:?}");
     signal(p.id(), "-CONT");
     let outcome = p_lines.next().expect("P's outcome").expect("utf-8");
     assert!(p.wait().expect("P ends").success());
-    (effects(effects_file).get(&key).copied().unwrap_or(0), outcome)
+    assert!(
+        outcome.contains(" unknown") || outcome.contains(" success "),
+        "{ledger}: P must not say the effect did not happen: {outcome}"
+    );
+    (key, outcome)
 }
 
 /// Issue 20, case 2: a worker paused past its lease with a request in hand.
@@ -289,17 +297,59 @@ fn a_worker_paused_past_its_lease_asks_before_it_sends_and_never_says_not_applie
     for (ledger, _server) in stores(&scratch) {
         for check in ["none", "deadline", "holder"] {
             let effects_file = scratch.path(&format!("effects-{check}-{}.log", ledger.len()));
-            let (sent, outcome) = paused_past_the_lease(&ledger, &effects_file, check);
+            let p_args = ["--stop-before-send", "--check", check];
+            let (key, outcome) = paused_past_the_lease(&ledger, &effects_file, &p_args);
+            let sent = effects(&effects_file).get(&key).copied().unwrap_or(0);
             println!("{ledger}, --check {check}: {sent} effect(s); P: {outcome}");
             let expected = if check == "none" { 2 } else { 1 };
             assert_eq!(
                 sent, expected,
                 "{ledger}, --check {check}: effects of the key; P: {outcome}"
             );
-            assert!(
-                outcome.contains(" unknown") || outcome.contains(" success "),
-                "{ledger}, --check {check}: P must not say the effect did not happen: {outcome}"
-            );
+        }
+    }
+}
+
+/// The rows of `key` in an effects database: (pid, fence) each.
+fn rows(db: &Path, table: &str, key: &str) -> Vec<(u32, i64)> {
+    let conn = rusqlite::Connection::open(db).expect("the effects database");
+    let mut statement =
+        conn.prepare(&format!("SELECT pid, fence FROM {table} WHERE key = ?1")).expect("a query");
+    statement
+        .query_map([key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
+/// The window no question closes: P asks whether it still holds the key (it
+/// does), then stops before its write; Q takes the key over, verifies
+/// `Absent` and writes; P resumes and writes. A plain `INSERT` is a second
+/// row (the control). Written under the call's fence (`Holder::fence`) with
+/// the database checking it, P's late write is refused: one row, Q's.
+#[test]
+fn a_late_write_after_the_question_is_refused_by_a_fence_at_the_resource() {
+    let scratch = Scratch::new("fence");
+    for (ledger, _server) in stores(&scratch) {
+        for (write, table) in [("plain", "effects"), ("fenced", "fenced_effects")] {
+            let db = scratch.path(&format!("effects-{write}-{}.db", ledger.len()));
+            let p_args =
+                ["--effects-db", "--write", write, "--check", "holder", "--stop-after-check"];
+            let (key, outcome) = paused_past_the_lease(&ledger, &db, &p_args);
+            let rows = rows(&db, table, &key);
+            println!("{ledger}, --write {write}: rows {rows:?}; P: {outcome}");
+            match write {
+                "plain" => assert_eq!(rows.len(), 2, "{ledger}: the control writes twice"),
+                _ => {
+                    assert_eq!(rows.len(), 1, "{ledger}: one row per key");
+                    let (_, fence) = rows[0];
+                    assert!(fence > 0, "{ledger}: written under a fence: {rows:?}");
+                    assert!(
+                        outcome.contains(" unknown"),
+                        "{ledger}: P's refused write is not a success of P's: {outcome}"
+                    );
+                }
+            }
         }
     }
 }

@@ -8,7 +8,8 @@
 //!               --run RUN --from 0 --to 50 [--class high|irreversible]
 //!               [--verifier by_key|blind] [--crash-after-dispatch]
 //!               [--lease-ms 3000] [--pause-ms 0]
-//!               [--stop-before-send] [--check none|deadline|holder]
+//!               [--stop-before-send | --stop-after-check] [--check none|deadline|holder]
+//!               [--effects-db --write plain|fenced]
 //! ```
 //!
 //! Call `i` is keyed by `(RUN, i)`. The tool appends `KEY PID` to the effects
@@ -21,13 +22,22 @@
 //! writes, as a worker paused with a request in hand; once continued
 //! (SIGCONT), it asks whether it still holds the key as `--check` says
 //! (`deadline`: the attempt's deadline has not passed; `holder`: the ledger
-//! says so) and writes only then; `none` writes blindly.
+//! says so) and writes only then; `none` writes blindly. With
+//! `--stop-after-check` it asks first, then stops, then writes: the window
+//! no question closes. With `--effects-db` the effect is a row in an SQLite
+//! file instead (`effects.rs`): `--write plain` inserts it, `--write fenced`
+//! writes it under the call's fence, and the database refuses a write under
+//! an older fence than the row's.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "ledger_worker/effects.rs"]
+mod effects;
+
+use effects::{Store, Write};
 use verified_tools::engine::{self, Attempt};
 use verified_tools::ledger::{Codec, Ledger, RedisLedger, SqliteLedger};
 use verified_tools::{
@@ -60,7 +70,10 @@ struct Args {
     lease: Duration,
     pause: Duration,
     stop: bool,
+    stop_late: bool,
     check: Check,
+    db: bool,
+    write: Write,
 }
 
 fn args() -> Result<Args, String> {
@@ -76,7 +89,10 @@ fn args() -> Result<Args, String> {
         lease: Duration::from_secs(3),
         pause: Duration::ZERO,
         stop: false,
+        stop_late: false,
         check: Check::None,
+        db: false,
+        write: Write::Plain,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +110,15 @@ fn args() -> Result<Args, String> {
             "--lease-ms" => a.lease = ms(value()?)?,
             "--pause-ms" => a.pause = ms(value()?)?,
             "--stop-before-send" => a.stop = true,
+            "--stop-after-check" => a.stop_late = true,
+            "--effects-db" => a.db = true,
+            "--write" => {
+                a.write = match value()?.as_str() {
+                    "plain" => Write::Plain,
+                    "fenced" => Write::Fenced,
+                    other => return Err(format!("--write {other}: plain or fenced")),
+                }
+            }
             "--check" => {
                 a.check = match value()?.as_str() {
                     "none" => Check::None,
@@ -120,43 +145,48 @@ async fn open(spec: &str, lease: Duration) -> Result<Arc<dyn Ledger>, String> {
     Err(format!("--ledger {spec}: expected sqlite:PATH or redis://HOST:PORT/"))
 }
 
-/// What the tool does besides writing its line.
+/// What the tool does besides writing its effect.
 #[derive(Debug, Clone, Copy)]
 struct Mode {
     crash: bool,
     stop: bool,
+    stop_late: bool,
     check: Check,
 }
 
-/// One effect: a line in the file.
-async fn send(effects: &Path, attempt: Attempt, mode: Mode) -> Result<(), ErrorClass> {
-    if mode.stop {
-        // Paused with the request in hand: the process stops itself, so the
-        // test knows where, and goes on when the test continues it.
-        println!("stopping {}", attempt.key);
-        let _ = std::io::stdout().flush();
-        let pid = std::process::id().to_string();
-        let stopped = std::process::Command::new("kill").args(["-STOP", &pid]).status();
-        if !stopped.is_ok_and(|status| status.success()) {
-            return Err(ErrorClass::NotSent);
-        }
-        match mode.check {
-            Check::None => {}
-            Check::Deadline if attempt.deadline.has_passed() => return Err(ErrorClass::NotSent),
-            Check::Deadline => {}
-            Check::Holder => {
-                let needed = attempt.deadline.remaining();
-                attempt.holder.ensure(needed).await.map_err(|_| ErrorClass::NotSent)?;
-            }
-        }
+/// Stops this process (SIGSTOP), for the test to continue it (SIGCONT):
+/// a worker paused at a point the test knows.
+fn stop_here(key: IdempotencyKey) -> bool {
+    println!("stopping {key}");
+    let _ = std::io::stdout().flush();
+    let pid = std::process::id().to_string();
+    let stopped = std::process::Command::new("kill").args(["-STOP", &pid]).status();
+    stopped.is_ok_and(|status| status.success())
+}
+
+/// "Am I still the holder?", as `--check` says.
+async fn still_holds(attempt: &Attempt, check: Check) -> bool {
+    match check {
+        Check::None => true,
+        Check::Deadline => !attempt.deadline.has_passed(),
+        Check::Holder => attempt.holder.ensure(attempt.deadline.remaining()).await.is_ok(),
     }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(effects)
-        .map_err(|_| ErrorClass::NotSent)?;
-    let line = format!("{} {}\n", attempt.key, std::process::id());
-    file.write_all(line.as_bytes()).map_err(|_| ErrorClass::Ambiguous)?;
+}
+
+/// One effect, in the store.
+async fn send(store: &Store, attempt: Attempt, mode: Mode) -> Result<(), ErrorClass> {
+    // Paused with the request in hand (before the question, or between it
+    // and the write), the process stops itself, so the test knows where.
+    if mode.stop && !stop_here(attempt.key) {
+        return Err(ErrorClass::NotSent);
+    }
+    if !still_holds(&attempt, mode.check).await {
+        return Err(ErrorClass::NotSent);
+    }
+    if mode.stop_late && !stop_here(attempt.key) {
+        return Err(ErrorClass::NotSent);
+    }
+    store.write(attempt.key, attempt.holder.fence())?;
     if mode.crash {
         println!("dispatched {}", attempt.key);
         let _ = std::io::stdout().flush();
@@ -165,16 +195,12 @@ async fn send(effects: &Path, attempt: Attempt, mode: Mode) -> Result<(), ErrorC
     Ok(())
 }
 
-/// The postcondition, read from the file by the call's key.
-async fn sent(effects: &Path, key: IdempotencyKey, blind: bool) -> Verdict<()> {
+/// The postcondition, read from the store by the call's key.
+async fn sent(store: &Store, key: IdempotencyKey, blind: bool) -> Verdict<()> {
     if blind {
         return Verdict::Unknown;
     }
-    match std::fs::read_to_string(effects) {
-        Ok(text) => text.lines().any(|l| l.starts_with(&key.to_string())).then_some(()).into(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Verdict::Absent,
-        Err(_) => Verdict::Unknown,
-    }
+    store.holds(key)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -204,12 +230,19 @@ async fn main() -> std::process::ExitCode {
         .with_ledger(ledger)
         .map_policies(|class, _| policy(class))
         .with_in_flight(InFlight::Wait { poll: Duration::from_millis(20), max: args.lease * 3 });
-    let spec = match (args.irreversible, args.check) {
+    // A fenced write and the holder's question need the call's hold.
+    let asks = args.check == Check::Holder || args.write == Write::Fenced;
+    let spec = match (args.irreversible, asks) {
         (true, _) => &SEND_IRREVERSIBLE,
-        (false, Check::Holder) => &SEND_ASKING,
-        (false, _) => &SEND_HIGH,
+        (false, true) => &SEND_ASKING,
+        (false, false) => &SEND_HIGH,
     };
-    let mode = Mode { crash: args.crash, stop: args.stop, check: args.check };
+    let mode =
+        Mode { crash: args.crash, stop: args.stop, stop_late: args.stop_late, check: args.check };
+    let store = match args.db {
+        true => Store::Db(args.effects.clone(), args.write),
+        false => Store::File(args.effects.clone()),
+    };
     for step in args.from..args.to {
         let cx = cx.for_step(args.run.as_str(), step);
         let result: ToolResult<(), ErrorClass> = engine::call(
@@ -217,8 +250,8 @@ async fn main() -> std::process::ExitCode {
             spec,
             &("welcome", step),
             &(),
-            |attempt| send(&args.effects, attempt, mode),
-            Some(|key| sent(&args.effects, key, args.blind)),
+            |attempt| send(&store, attempt, mode),
+            Some(|key| sent(&store, key, args.blind)),
             Codec::serde(),
         )
         .await;
