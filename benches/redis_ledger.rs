@@ -17,9 +17,14 @@
 //!
 //! It then prints the ratio `claim_finish / floor`: of the means over every
 //! timed iteration of this run, and of the medians of interleaved pairs
-//! (robust to a machine whose load drifts); and the commands Redis ran per
-//! successful engine call (`INFO commandstats` before and after a batch of
-//! calls): `evalsha` is the round trips, the others ran inside the scripts.
+//! (robust to a machine whose load drifts); the throughput of [`TASKS`]
+//! concurrent tasks, each looping on claim + finish of fresh keys, against
+//! the same tasks looping on the raw pair (alternating rounds, one ratio);
+//! what [`Ledger::hold`] costs against a raw `HGET` of the same record
+//! (medians of interleaved pairs); and the commands Redis ran per successful
+//! engine call (`INFO commandstats` before and after a batch of calls):
+//! `evalsha` is the round trips, the others ran inside the scripts, each
+//! with Redis's own time per call (`usec_per_call`).
 
 use std::cell::Cell;
 use std::hint::black_box;
@@ -48,6 +53,16 @@ const PAIRS: u64 = 2_000;
 
 /// Engine calls whose Redis commands are counted.
 const COUNTED_CALLS: u64 = 1_000;
+
+/// Concurrent tasks of the throughput comparison.
+const TASKS: u64 = 8;
+
+/// Rounds of the throughput comparison: each runs the ledger and the floor
+/// once (alternately first), for [`ROUND`] each.
+const ROUNDS: u32 = 6;
+
+/// How long each side of one throughput round runs.
+const ROUND: Duration = Duration::from_secs(2);
 
 /// A mean over the timed iterations of one benchmark.
 #[derive(Default)]
@@ -96,7 +111,7 @@ fn main() {
 
     let mut c = Criterion::default().configure_from_args();
     let (ledger_mean, floor_mean) = (Mean::default(), Mean::default());
-    let next = AtomicU64::new(0);
+    let next = Arc::new(AtomicU64::new(0));
     let fresh = || next.fetch_add(1, Ordering::Relaxed);
     {
         let mut g = c.benchmark_group("redis_ledger");
@@ -151,6 +166,8 @@ fn main() {
         ledger_mean.as_secs_f64() / floor_mean.as_secs_f64()
     );
     paired(&rt, &*ledger, &raw, &prefix, &fresh);
+    throughput(&rt, &ledger, &raw, &prefix, &next);
+    hold(&rt, &*ledger, &raw, &prefix, &fresh);
     round_trips(&rt, &raw, &context(&ledger), &fresh);
 }
 
@@ -255,16 +272,119 @@ fn paired(
             }
         }
     });
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let (ours, floor) = (median(&mut ours), median(&mut floor));
+    let (ours, floor) = (median(ours), median(floor));
     println!(
         "redis_ledger: medians of {PAIRS} interleaved pairs: claim+finish {ours:?}, \
          floor {floor:?}, ratio {:.2}",
         ours.as_secs_f64() / floor.as_secs_f64()
     );
+}
+
+/// Pairs per second of [`TASKS`] tasks sharing one connection (the
+/// ledger's or the raw one, each multiplexed), each looping for [`ROUND`]:
+/// the ledger's claim + finish, then the raw `SET NX PX` + `SET XX PX`, in
+/// [`ROUNDS`] alternating rounds; the ratio of the totals.
+fn throughput(
+    rt: &Runtime,
+    ledger: &Arc<RedisLedger>,
+    raw: &ConnectionManager,
+    prefix: &str,
+    next: &Arc<AtomicU64>,
+) {
+    let run = |use_ledger: bool| {
+        rt.block_on(async {
+            let deadline = Instant::now() + ROUND;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|_| {
+                    let (ledger, mut conn) = (Arc::clone(ledger), raw.clone());
+                    let (prefix, next) = (prefix.to_owned(), Arc::clone(next));
+                    tokio::spawn(async move {
+                        let mut done = 0u64;
+                        while Instant::now() < deadline {
+                            let n = next.fetch_add(1, Ordering::Relaxed);
+                            if use_ledger {
+                                claim_finish(&*ledger, n).await;
+                            } else {
+                                set_nx_set_xx(&mut conn, &prefix, n).await;
+                            }
+                            done += 1;
+                        }
+                        done
+                    })
+                })
+                .collect();
+            let mut done = 0;
+            for task in tasks {
+                done += task.await.expect("a throughput task");
+            }
+            done
+        })
+    };
+    let (mut ours, mut floor) = (0u64, 0u64);
+    for round in 0..ROUNDS {
+        for use_ledger in [round % 2 == 0, round % 2 != 0] {
+            let done = run(use_ledger);
+            if use_ledger { ours += done } else { floor += done }
+        }
+    }
+    let per_second = |pairs: u64| pairs as f64 / (ROUND * ROUNDS).as_secs_f64();
+    let (ours, floor) = (per_second(ours), per_second(floor));
+    println!(
+        "redis_ledger: throughput of {TASKS} tasks ({ROUNDS} alternating rounds of {ROUND:?}): \
+         claim+finish {ours:.0}/s, floor {floor:.0}/s, ratio {:.2}",
+        ours / floor
+    );
+}
+
+/// What asking [`Ledger::hold`] costs against a raw round trip reading the
+/// same record (`HGET`): medians of [`PAIRS`] interleaved pairs on a held key.
+fn hold(
+    rt: &Runtime,
+    ledger: &dyn Ledger,
+    raw: &ConnectionManager,
+    prefix: &str,
+    fresh: &dyn Fn() -> u64,
+) {
+    let mut conn = raw.clone();
+    let request = request(fresh());
+    let (ours, floor) = rt.block_on(async {
+        let Claimed::Fresh(fence) = ledger.claim(request).await.expect("redis answers").state
+        else {
+            panic!("a fresh key")
+        };
+        let record = format!("{prefix}k:{}", request.key.to_hex());
+        let mut hget = redis::cmd("HGET");
+        hget.arg(&record).arg("n");
+        let (mut ours, mut floor) = (Vec::new(), Vec::new());
+        for i in 0..PAIRS {
+            for ledger_first in [i % 2 == 0, i % 2 != 0] {
+                let start = Instant::now();
+                if ledger_first {
+                    let left = ledger.hold(request.key, fence).await.expect("redis answers");
+                    ours.push(start.elapsed());
+                    assert!(left.is_some(), "the key is held");
+                } else {
+                    let value: redis::Value =
+                        hget.query_async(&mut conn).await.expect("redis answers");
+                    floor.push(start.elapsed());
+                    assert_ne!(value, redis::Value::Nil, "the record is there");
+                }
+            }
+        }
+        ledger.finish(request.key, fence, End::Settled).await.expect("redis answers");
+        (ours, floor)
+    });
+    let (ours, floor) = (median(ours), median(floor));
+    println!(
+        "redis_ledger: medians of {PAIRS} interleaved pairs: hold {ours:?}, raw HGET {floor:?}, \
+         ratio {:.2}",
+        ours.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
 /// Counts the commands Redis runs per successful engine call.
@@ -278,36 +398,43 @@ fn round_trips(rt: &Runtime, raw: &ConnectionManager, cx: &Context, fresh: &dyn 
         }
     });
     let after = rt.block_on(commandstats(&mut conn));
-    let mut per_call: Vec<(String, f64)> = after
+    // Per command: how many per engine call, and Redis's time per run of it
+    // (a script's includes the commands it ran).
+    let mut per_call: Vec<(String, f64, f64)> = after
         .iter()
-        .filter(|(name, _)| name != "info")
-        .map(|(name, calls)| {
-            let was = before.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-            (name.clone(), (calls - was) as f64 / COUNTED_CALLS as f64)
+        .filter(|(name, ..)| name != "info")
+        .map(|(name, calls, usec)| {
+            let (was_calls, was_usec) =
+                before.iter().find(|(n, ..)| n == name).map_or((0, 0), |(_, c, u)| (*c, *u));
+            let runs = calls - was_calls;
+            let usec = (usec - was_usec) as f64 / runs.max(1) as f64;
+            (name.clone(), runs as f64 / COUNTED_CALLS as f64, usec)
         })
-        .filter(|(_, per)| *per > 0.0)
+        .filter(|(_, per, _)| *per > 0.0)
         .collect();
     per_call.sort_by(|a, b| a.0.cmp(&b.0));
-    let shown: Vec<String> =
-        per_call.iter().map(|(name, per)| format!("{name} {per:.2}")).collect();
-    let evalsha = per_call.iter().find(|(n, _)| n == "evalsha").map_or(0.0, |(_, p)| *p);
+    let shown: Vec<String> = per_call
+        .iter()
+        .map(|(name, per, usec)| format!("{name} {per:.2} ({usec:.1} µs)"))
+        .collect();
+    let evalsha = per_call.iter().find(|(n, ..)| n == "evalsha").map_or(0.0, |(_, p, _)| *p);
     println!(
         "redis_ledger: per successful engine call ({COUNTED_CALLS} calls): {evalsha:.2} round trips \
-         (evalsha); Redis commands run: {}",
+         (evalsha); Redis commands run (each with Redis's time per run): {}",
         shown.join(", ")
     );
 }
 
-/// `INFO commandstats` as (command, calls). Other clients of the server are
-/// counted too: run the bench on a server nothing else uses.
-async fn commandstats(conn: &mut ConnectionManager) -> Vec<(String, u64)> {
+/// `INFO commandstats` as (command, calls, µs spent in it). Other clients of
+/// the server are counted too: run the bench on a server nothing else uses.
+async fn commandstats(conn: &mut ConnectionManager) -> Vec<(String, u64, u64)> {
     let info: String =
         redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("redis answers");
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
+            let field = |key: &str| rest.split(',').find_map(|kv| kv.strip_prefix(key));
+            Some((name.to_owned(), field("calls=")?.parse().ok()?, field("usec=")?.parse().ok()?))
         })
         .collect()
 }

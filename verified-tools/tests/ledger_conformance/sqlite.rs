@@ -93,6 +93,10 @@ impl Ledger for OnFile {
         self.ledger.lease()
     }
 
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        self.ledger.hold(key, fence)
+    }
+
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
         self.ledger.record(key)
     }

@@ -112,6 +112,8 @@ macro_rules! conformance {
             completed_records_expire_in_doubt_never,
             previous_bucket_record_answers_the_claim,
             fences_grow_across_keys_and_handles,
+            hold_answers_for_its_fence_only_while_it_holds,
+            hold_ends_with_the_lease_and_stays_ended_after_a_takeover,
         );
     };
     (@tests $make:expr, $paused:expr; $($name:ident,)*) => {
@@ -435,6 +437,63 @@ pub async fn fences_grow_across_keys_and_handles<B: Backend>(b: Arc<B>) {
         let fence = fresh(&**handle, request(key(100 + n), fp(100))).await;
         assert!(fence > last, "fence {fence} after {last}");
         last = fence;
+    }
+}
+
+/// `Ledger::hold`, asked by `ledger` for `fence`, must say held, with no
+/// more than `lease` left and (asked right after the claim, inside a long
+/// lease) more than half of it.
+async fn holds(ledger: &dyn Ledger, k: IdempotencyKey, fence: Fence, lease: Duration) {
+    match ledger.hold(k, fence).await.expect("the store answers") {
+        Some(left) => {
+            assert!(left <= lease && left > lease / 2, "lease left {left:?} of {lease:?}")
+        }
+        None => panic!("fence {fence} holds {k}, yet hold answered None"),
+    }
+}
+
+pub async fn hold_answers_for_its_fence_only_while_it_holds<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(CONFIG).await;
+    let k = key(17);
+    let fence = fresh(&*ledger, request(k, fp(17))).await;
+    // Both handles see it: the answer is the store's, not the process's.
+    holds(&*ledger, k, fence, CONFIG.lease).await;
+    holds(&*other, k, fence, CONFIG.lease).await;
+    for stranger in [Fence(fence.0 + 1), Fence(fence.0.wrapping_sub(1))] {
+        assert_eq!(other.hold(k, stranger).await, Ok(None), "fence {stranger} never held {k}");
+    }
+    assert_eq!(other.hold(key(18), fence).await, Ok(None), "a key nobody claimed");
+    // Reading wrote nothing: the holder's writes still land.
+    let second = Progress { attempts: 2, after_ok: false, settle: Settle::NOW };
+    ledger.dispatching(k, fence, second).await.expect("the holder writes");
+    ledger.finish(k, fence, End::Settled).await.expect("the holder finishes");
+    assert_eq!(other.hold(k, fence).await, Ok(None), "a finished hold is over");
+    // The next call takes the settled record over: only its fence holds.
+    let (next, _) = resumed(&*other, request(k, fp(17))).await;
+    holds(&*ledger, k, next, CONFIG.lease).await;
+    assert_eq!(ledger.hold(k, fence).await, Ok(None), "the finished fence stays out");
+    other.abandon(k, next);
+    let started = tokio::time::Instant::now();
+    // The abandon may land in the background: the store says when.
+    while ledger.hold(k, next).await.expect("the store answers").is_some() {
+        assert!(started.elapsed() < PATIENCE, "an abandoned hold still holds");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn hold_ends_with_the_lease_and_stays_ended_after_a_takeover<B: Backend>(b: Arc<B>) {
+    let (ledger, other) = b.open(SHORT_LEASE).await;
+    let k = key(19);
+    let old = fresh(&*ledger, request(k, fp(19))).await;
+    past_lease(&*other, k, SHORT_LEASE.lease).await;
+    // Nobody took the key over yet, but it may be at any moment: not held.
+    assert_eq!(ledger.hold(k, old).await, Ok(None), "a hold past its lease is over");
+    let (new, progress) = resumed(&*other, request(k, fp(19))).await;
+    assert_eq!(progress.attempts, 1, "taken over");
+    assert_eq!(ledger.hold(k, old).await, Ok(None), "the old holder is out");
+    match other.hold(k, new).await.expect("the store answers") {
+        Some(left) => assert!(left <= SHORT_LEASE.lease, "lease left {left:?}"),
+        None => panic!("the successor holds {k}"),
     }
 }
 

@@ -8,13 +8,14 @@
 //! one round trip (`EVALSHA`; the scripts are loaded at connect, and again
 //! by the client after a Redis restart empties the script cache).
 
+mod scripts;
+
 use std::future::Future;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::{
@@ -22,213 +23,10 @@ use super::{
     RecordState, RecordView, Replay, Resolution, Settle,
 };
 use crate::{IdempotencyKey, PayloadDigest};
-
-/// Claims a key (or the previous bucket's key), in one step.
-///
-/// KEYS: the fence counter, the record [, the previous bucket's record].
-/// ARGV: fingerprint, previous fingerprint, lease (µs), the first attempt's
-/// attempts, after-OK flag and settle time (µs from now, -1: never), the
-/// claim's token.
-///
-/// Replies `{kind, which, ...}`: `which` 0 for the key, 1 for the previous
-/// one; kind 1 fresh `{fence}`, 2 resume `{fence, attempts, after_ok, settle
-/// left (µs, -1: never)}`, 3 completed `{has value, value}`, 4 in flight
-/// `{lease left (µs)}`, 5 mismatch.
-///
-/// The token makes the claim safe to send again when its answer was lost: a
-/// hold taken with it is answered again as it was taken (`w`: `f` fresh, `r`
-/// resumed), its lease renewed, and nothing else written. A hold of this
-/// token that has ended since (its holder finished, which it could only do
-/// after it got the answer) is an echo nobody waits for: answered in flight
-/// for 0 µs, so that a caller still there claims anew.
-const CLAIM: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local lease = tonumber(ARGV[3])
-local token = ARGV[7]
-local function int(x) return string.format('%.0f', x) end
-local function settle_left(at)
-  if at then return math.max(0, tonumber(at) - now) end
-  return -1
-end
-local function take(key, fp, which)
-  local r = redis.call('HMGET', key, 'f', 's', 'l', 'a', 'o', 't', 'v', 'n', 'c', 'w')
-  if not r[1] then
-    local fence = redis.call('INCR', KEYS[1])
-    local fields = {'f', fp, 's', 'h', 'n', int(fence), 'l', int(now + lease),
-      'a', ARGV[4], 'o', ARGV[5], 'c', token, 'w', 'f'}
-    local settle = tonumber(ARGV[6])
-    if settle >= 0 then
-      fields[17] = 't'
-      fields[18] = int(now + settle)
-    end
-    redis.call('HSET', key, unpack(fields))
-    return {1, which, fence}
-  end
-  if r[1] ~= fp then return {5, which} end
-  if r[9] == token and r[2] ~= 'c' then
-    if r[2] ~= 'h' then return {4, which, 0} end
-    redis.call('HSET', key, 'l', int(now + lease))
-    local fence = tonumber(r[8])
-    if r[10] == 'f' then return {1, which, fence} end
-    return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle_left(r[6])}
-  end
-  if r[2] == 'c' then
-    if r[7] then return {3, which, 1, r[7]} end
-    return {3, which, 0}
-  end
-  if r[2] == 'h' then
-    local left = tonumber(r[3]) - now
-    if left > 0 then return {4, which, left} end
-  end
-  -- In doubt, settled, or held past its lease: taken over, to verify first.
-  local fence = redis.call('INCR', KEYS[1])
-  redis.call('HSET', key, 's', 'h', 'n', int(fence), 'l', int(now + lease), 'c', token, 'w', 'r')
-  redis.call('PERSIST', key)
-  return {2, which, fence, tonumber(r[4]), tonumber(r[5]), settle_left(r[6])}
-end
-if KEYS[3] then
-  local f = redis.call('HGET', KEYS[3], 'f')
-  if f == ARGV[2] then return take(KEYS[3], ARGV[2], 1) end
-end
-return take(KEYS[2], ARGV[1], 0)
-";
-
-/// Records the holder's progress. KEYS: the record. ARGV: fence, attempts,
-/// after-OK flag, settle time (µs from now, -1: never), the write's token.
-/// Replies 1, or 0 when the fence does not hold the key.
-///
-/// Sent again after a lost answer it writes the same (the settle time from
-/// a later now: later, never earlier). The token (`q`) lets [`WITHDRAW`]
-/// take back this announcement, and only this one.
-const DISPATCHING: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'n')
-if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'a', ARGV[2], 'o', ARGV[3], 'q', ARGV[5])
-local settle = tonumber(ARGV[4])
-if settle >= 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('HSET', KEYS[1], 't', string.format('%.0f', now + settle))
-else
-  redis.call('HDEL', KEYS[1], 't')
-end
-return 1
-";
-
-/// Ends a hold. KEYS: the record. ARGV: fence, end (`c`, `s` or `d`), TTL
-/// (ms) [, the value]. Replies 1, or 0 when the fence does not hold the key.
-///
-/// `e` keeps the fence whose finish landed: sent again after a lost answer,
-/// the finish is answered done, even if another call took the key over in
-/// between (it took over what this finish wrote).
-const FINISH: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'n', 'e')
-if r[1] ~= 'h' or r[2] ~= ARGV[1] then
-  if r[3] == ARGV[1] then return 1 end
-  return 0
-end
-if ARGV[2] == 'c' and ARGV[4] then
-  redis.call('HSET', KEYS[1], 's', 'c', 'e', ARGV[1], 'v', ARGV[4])
-else
-  redis.call('HSET', KEYS[1], 's', ARGV[2], 'e', ARGV[1])
-end
-if ARGV[2] ~= 'd' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 1
-";
-
-/// Leaves a hold in doubt. KEYS: the record. ARGV: fence. Replies 1, or 0
-/// when the fence does not hold the key.
-const ABANDON: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'n')
-if r[1] ~= 'h' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 's', 'd')
-return 1
-";
-
-/// Undoes a claim whose caller never learnt it held the key (its answer was
-/// lost and its retries ran out, or its future was dropped): a fresh hold is
-/// deleted (the key is as if never claimed: its first attempt never went
-/// out), a hold taken over goes back in doubt, its progress as it was.
-/// KEYS: the record [, the previous bucket's record]. ARGV: the claim's
-/// token. Replies 1 when a hold was undone, else 0.
-const RELEASE: &str = r"
-for _, key in ipairs(KEYS) do
-  local r = redis.call('HMGET', key, 's', 'c', 'w')
-  if r[1] == 'h' and r[2] == ARGV[1] then
-    if r[3] == 'f' then redis.call('DEL', key) else redis.call('HSET', key, 's', 'd') end
-    return 1
-  end
-end
-return 0
-";
-
-/// Takes back an attempt announced by a write-through whose answer never
-/// reached its caller (so the caller did not dispatch it): only while the
-/// record is still that hold's (its fence), still counts that attempt, and
-/// that announcement is the last (its token). KEYS: the record. ARGV: fence,
-/// attempt, the write's token. Replies 1 when taken back, else 0.
-const WITHDRAW: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'n', 'a', 'q')
-if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], 'a', string.format('%.0f', tonumber(ARGV[2]) - 1))
-redis.call('HDEL', KEYS[1], 'q')
-return 1
-";
-
-/// Reads records for an operator, with the time. KEYS: the records. Replies
-/// `{now (µs), then per record its s, l, a, o, t}` (each nil when absent).
-const READ: &str = r"
-local t = redis.call('TIME')
-local out = {tonumber(t[1]) * 1000000 + tonumber(t[2])}
-for _, key in ipairs(KEYS) do
-  local r = redis.call('HMGET', key, 's', 'l', 'a', 'o', 't')
-  for i = 1, 5 do out[#out + 1] = r[i] end
-end
-return out
-";
-
-/// Records a person's decision about a record in doubt. KEYS: the fence
-/// counter, the record. ARGV: `c` (applied) or `s` (not applied), TTL (ms),
-/// the decision's token. Replies the state before as its letter (`h` only
-/// for a live hold: a hold past its lease is `d`, and resolved), or 0 when
-/// there is no record. Only `d` changed anything. Sent again after a lost
-/// answer (the record keeps the token, `r`), it answers `d` again.
-const RESOLVE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local r = redis.call('HMGET', KEYS[2], 's', 'l', 'r')
-if not r[1] then return 0 end
-if r[3] == ARGV[3] then return 'd' end
-if r[1] == 'h' and tonumber(r[2]) > now then return 'h' end
-if r[1] ~= 'h' and r[1] ~= 'd' then return r[1] end
-local fence = string.format('%.0f', redis.call('INCR', KEYS[1]))
-if ARGV[1] == 'c' then
-  redis.call('HSET', KEYS[2], 's', 'c', 'n', fence, 'r', ARGV[3])
-else
-  redis.call('HSET', KEYS[2], 's', 's', 'n', fence, 'a', '0', 'o', '0',
-    't', string.format('%.0f', now), 'r', ARGV[3])
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 'd'
-";
-
-static SCRIPTS: LazyLock<[Script; 8]> = LazyLock::new(|| {
-    [CLAIM, DISPATCHING, FINISH, ABANDON, READ, RESOLVE, RELEASE, WITHDRAW].map(Script::new)
-});
-
-fn script(which: usize) -> &'static Script {
-    &SCRIPTS[which]
-}
-
-const S_CLAIM: usize = 0;
-const S_DISPATCHING: usize = 1;
-const S_FINISH: usize = 2;
-const S_ABANDON: usize = 3;
-const S_READ: usize = 4;
-const S_RESOLVE: usize = 5;
-const S_RELEASE: usize = 6;
-const S_WITHDRAW: usize = 7;
+use scripts::{
+    S_ABANDON, S_CLAIM, S_DISPATCHING, S_FINISH, S_HOLD, S_READ, S_RELEASE, S_RESOLVE, S_WITHDRAW,
+    SCRIPTS, script,
+};
 
 /// Keys asked of `SCAN` per round trip by [`Ledger::in_doubt`], and records
 /// read per `READ` script.
@@ -257,6 +55,11 @@ const MAX_MICROS: u64 = 1 << 50;
 ///   run atomically by Redis, in one round trip (`EVALSHA`): a successful
 ///   call costs two, its claim (which records the first attempt) and its
 ///   finish.
+/// - [`hold`](Ledger::hold) (is this fence still the key's holder, and for
+///   how long) is one script too, that only reads: `HMGET` of the record's
+///   state, fence and lease end, and `TIME` (BENCHMARKS.md has its cost
+///   against a raw `HGET`). It is sent without a `#!lua flags=no-writes`
+///   line, which would cost the same here and refuse Redis before 7.
 /// - Fences come from one counter per prefix (`INCR`), so they grow across
 ///   all keys and processes.
 /// - Leases, settle times and expiries run on Redis's clock (`TIME`).
@@ -697,7 +500,8 @@ fn token() -> String {
 }
 
 /// Undoes, when dropped armed, what an operation may have written for a
-/// caller that never got its answer (see [`RELEASE`], [`WITHDRAW`]).
+/// caller that never got its answer (see [`RELEASE`](scripts::RELEASE),
+/// [`WITHDRAW`](scripts::WITHDRAW)).
 struct Unanswered<'a> {
     ledger: &'a RedisLedger,
     which: usize,
@@ -868,6 +672,16 @@ fn number(value: &Value) -> Option<Option<i64>> {
     }
 }
 
+/// Reads a `HOLD` script's reply: the lease left (µs), or -1 when the fence
+/// does not hold the key.
+fn held(reply: &Value) -> Result<Option<Duration>, LedgerError> {
+    match reply {
+        Value::Int(-1) => Ok(None),
+        Value::Int(left) if *left > 0 => Ok(Some(Duration::from_micros(left.unsigned_abs()))),
+        other => Err(corrupt("hold", other)),
+    }
+}
+
 /// Reads a `RESOLVE` script's reply: the state before, by its letter.
 fn resolved(reply: &Value) -> Result<Option<RecordState>, LedgerError> {
     let letter = match reply {
@@ -1035,6 +849,17 @@ impl Ledger for RedisLedger {
         self.lease
     }
 
+    /// One script (`HMGET` of three fields, then `TIME` when the fence
+    /// holds), retried like every operation: it writes nothing, so sending it
+    /// again is harmless.
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        LedgerFuture::boxed(async move {
+            let mut invocation = script(S_HOLD).prepare_invoke();
+            invocation.key(self.record_key(key)).arg(fence_arg(fence));
+            held(&self.run(&invocation).await?)
+        })
+    }
+
     fn record(&self, key: IdempotencyKey) -> LedgerFuture<'_, Option<RecordView>> {
         LedgerFuture::boxed(async move { Ok(self.read(&[key]).await?.pop().flatten()) })
     }
@@ -1174,6 +999,10 @@ mod tests {
             [Some(RecordView { key: a, state: RecordState::InDoubt, progress }), None]
         );
         assert!(matches!(read_views(&reply, &[a]), Err(LedgerError::Corrupt(_))));
+        assert_eq!(held(&Value::Int(-1)), Ok(None));
+        assert_eq!(held(&Value::Int(1_500)), Ok(Some(Duration::from_micros(1_500))));
+        assert!(matches!(held(&Value::Int(0)), Err(LedgerError::Corrupt(_))));
+        assert!(matches!(held(&bulk("1")), Err(LedgerError::Corrupt(_))));
         assert_eq!(resolved(&Value::Int(0)), Ok(None));
         assert_eq!(resolved(&bulk("h")), Ok(Some(RecordState::Held)));
         assert_eq!(resolved(&bulk("d")), Ok(Some(RecordState::InDoubt)));
