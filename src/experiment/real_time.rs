@@ -110,4 +110,8 @@ impl<L: Ledger + 'static> Ledger for RealTime<L> {
     fn lease(&self) -> Duration {
         self.ledger.lease()
     }
+
+    fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
+        self.run(move |l| async move { l.hold(key, fence).await })
+    }
 }
