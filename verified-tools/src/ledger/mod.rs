@@ -21,6 +21,9 @@
 //! | settle time | when the last attempt can no longer apply or stay hidden (store clock) |
 //! | value | a completed call's value, serialized, when it serializes |
 //!
+//! A backend of one's own runs the contract's cases of [`kit`] (feature
+//! `ledger-kit`), the same ones the project's backends run.
+//!
 //! # The rules a backend keeps
 //!
 //! 1. **Claims are atomic.** [`Ledger::claim`] reads and claims in one step
@@ -123,6 +126,8 @@
 //! ([`CallError::Ledger`](crate::CallError::Ledger)).
 
 mod codec;
+#[cfg(feature = "ledger-kit")]
+pub mod kit;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
