@@ -355,6 +355,31 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Episode `i` of `cell`: what it runs, and the run's shared ledger (if
+    /// any) under the run's id and the cell's level. The same for the
+    /// scripted planner and the model's.
+    pub fn episode(
+        &self,
+        cell: &Cell,
+        i: u64,
+        ledger: Option<&Arc<dyn Ledger>>,
+        run_id: &str,
+    ) -> (EpisodeSpec, Option<Shared>) {
+        let seed = episode_seed(self.seed, i);
+        let spec = EpisodeSpec {
+            task: cell.task.instance(seed),
+            profile: self.settings.profile(cell.level),
+            seed,
+            method: cell.method,
+            settings: self.settings,
+        };
+        let shared = ledger.map(|ledger| Shared {
+            ledger: Arc::clone(ledger),
+            run: format!("{run_id}-{}", cell.level),
+        });
+        (spec, shared)
+    }
+
     /// Episodes in the whole grid.
     pub fn total_episodes(&self) -> u64 {
         (self.tasks.len() * self.levels.len() * self.methods.len()) as u64 * self.episodes
@@ -425,18 +450,7 @@ pub fn run(config: &Config, progress: &(dyn Fn(u64) + Sync)) -> Result<Results, 
             let range = chunk * CHUNK..((chunk + 1) * CHUNK).min(config.episodes);
             let n = range.end - range.start;
             for i in range {
-                let seed = episode_seed(config.seed, i);
-                let spec = EpisodeSpec {
-                    task: cell.task.instance(seed),
-                    profile: config.settings.profile(cell.level),
-                    seed,
-                    method: cell.method,
-                    settings: config.settings,
-                };
-                let shared = ledger.as_ref().map(|ledger| Shared {
-                    ledger: Arc::clone(ledger),
-                    run: format!("{run_id}-{}", cell.level),
-                });
+                let (spec, shared) = config.episode(cell, i, ledger.as_ref(), &run_id);
                 local[ci].add(&rt.block_on(episode_traced(&spec, shared.as_ref())).0);
             }
             progress(n);

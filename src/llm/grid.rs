@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use verified_tools::sim::{FaultLevel, TaskKind, episode_seed};
+use verified_tools::sim::{FaultLevel, TaskKind};
 
 use super::{LlmConfig, LlmEpisode, LlmError, run_episode};
-use crate::experiment::{Cell, CellStats, Config, EpisodeSpec, Method, Results, Shared};
+use crate::experiment::{Cell, CellStats, Config, Method, Results, Shared};
 
 /// One episode of a model run, as it ended.
 #[derive(Debug)]
@@ -123,21 +123,10 @@ pub fn run_grid(
             while running.len() < config.threads.max(1) {
                 let Some((ci, i)) = next.next() else { break };
                 let cell = cells[ci];
-                let seed = episode_seed(config.seed, i);
-                let spec = EpisodeSpec {
-                    task: cell.task.instance(seed),
-                    profile: config.settings.profile(cell.level),
-                    seed,
-                    method: cell.method,
-                    settings: config.settings,
-                };
-                let shared = ledger.as_ref().map(|ledger| Shared {
-                    ledger: Arc::clone(ledger),
-                    run: format!("{run_id}-{}", cell.level),
-                });
+                let (spec, shared) = config.episode(&cell, i, ledger.as_ref(), &run_id);
                 let llm = Arc::clone(&llm);
                 running.spawn(async move {
-                    (ci, seed, run_episode(&llm, &spec, shared.as_ref()).await)
+                    (ci, spec.seed, run_episode(&llm, &spec, shared.as_ref()).await)
                 });
             }
             match running.join_next().await {
