@@ -108,7 +108,15 @@ fn hit(c: &mut Criterion) {
         _ => unreachable!(),
     };
     g.bench_function("memory_ledger_hold", |b| {
-        b.iter(|| rt.block_on(ledger.hold(black_box(held.key), fence)).expect("answered"))
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(ledger.hold(black_box(held.key), fence).await.expect("answered"));
+                }
+                start.elapsed()
+            })
+        })
     });
     g.bench_function("memory_ledger_claim", |b| {
         b.iter_custom(|iters| {
