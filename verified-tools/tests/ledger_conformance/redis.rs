@@ -159,6 +159,49 @@ async fn a_settled_record_taken_over_loses_its_expiry() {
     }
 }
 
+#[tokio::test]
+async fn records_of_the_earlier_field_layout_are_still_read() {
+    // Records in doubt never expire, so a ledger upgraded in place meets
+    // records written before the claim's token and its kind shared one field
+    // (`c` and `w`) and before an unset after-OK flag was left out.
+    let Some(server) = RedisServer::shared() else { return };
+    let prefix = unique_prefix();
+    let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");
+    let ledger = ledger.with_prefix(&prefix);
+    let client = redis::Client::open(server.url.as_str()).expect("a Redis URL");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis answers");
+    let far = (i64::MAX / 4).to_string();
+    let cases: [(u64, &[&str]); 3] = [
+        (30, &["s", "d", "n", "3", "l", "1", "a", "2", "o", "1", "c", "7", "w", "f"]),
+        (31, &["s", "h", "n", "4", "l", &far, "a", "1", "o", "0", "c", "8", "w", "f"]),
+        (32, &["s", "c", "n", "5", "l", "1", "a", "1", "o", "0", "c", "9", "w", "r", "v", "41"]),
+    ];
+    for (n, fields) in cases {
+        let (k, fp) = (suite::key(n), suite::fp(u128::from(n)));
+        let mut hset = redis::cmd("HSET");
+        hset.arg(format!("{prefix}k:{}", k.to_hex()))
+            .arg("f")
+            .arg(format!("{:032x}", fp.as_u128()));
+        for field in fields {
+            hset.arg(*field);
+        }
+        let _: i64 = hset.query_async(&mut conn).await.expect("redis answers");
+    }
+    let claim = |n: u64| ledger.claim(suite::request(suite::key(n), suite::fp(u128::from(n))));
+    match claim(30).await.expect("redis answers").state {
+        Claimed::Resume(_, progress) => {
+            assert_eq!((progress.attempts, progress.after_ok), (2, true), "{progress:?}")
+        }
+        other => panic!("an old record in doubt is taken over, got {other:?}"),
+    }
+    // Another process's live hold is not mistaken for this claim's own.
+    assert!(matches!(claim(31).await.expect("redis answers").state, Claimed::InFlight(_)));
+    match claim(32).await.expect("redis answers").state {
+        Claimed::Completed(Replay::Encoded(value)) => assert_eq!(value, b"41"),
+        other => panic!("an old completed record replays, got {other:?}"),
+    }
+}
+
 static SEND: ToolSpec = ToolSpec::new("send_invoice", SideEffect::High).with_verifier();
 
 #[tokio::test]

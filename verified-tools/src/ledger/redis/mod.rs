@@ -143,10 +143,10 @@ const MAX_MICROS: u64 = 1 << 50;
 /// | `n` | the fence of the (last) hold |
 /// | `l` | when the hold's lease ends (Redis `TIME`, µs) |
 /// | `a` | attempts dispatched under the key |
-/// | `o` | `1` when the last attempt answered OK unconfirmed |
+/// | `o` | `1` when the last attempt answered OK unconfirmed (`0` or absent: not) |
 /// | `t` | when the last attempt settles (Redis `TIME`, µs; absent: never) |
 /// | `v` | a completed call's value, as JSON (absent: not serializable) |
-/// | `c`, `w` | the token of the claim that took the hold, and how: `f` fresh, `r` taken over |
+/// | `c` | how the hold was taken (`f` fresh, `r` taken over), then the token of the claim that took it |
 /// | `q` | the token of the last write-through |
 /// | `e` | the fence whose finish landed |
 /// | `r` | the token of the operator's decision, if one was made |
@@ -756,6 +756,9 @@ impl Ledger for RedisLedger {
                 }
                 None => String::new(),
             };
+            // How a fresh hold and a hold taken over record the token (`c`):
+            // ready-made, so that the script compares without concatenating.
+            let tokens = [format!("f{token}"), format!("r{token}")];
             invocation
                 .arg(fingerprint_hex(request.fingerprint))
                 .arg(previous_fingerprint)
@@ -763,14 +766,15 @@ impl Ledger for RedisLedger {
                 .arg(first.attempts)
                 .arg(u8::from(first.after_ok))
                 .arg(settle_arg(first.settle))
-                .arg(&token);
+                .arg(&tokens[0])
+                .arg(&tokens[1]);
             // Until the caller has the answer, the claim may hold the key
             // for nobody: dropped or failed, it is released by its token.
             let unanswered = Unanswered {
                 ledger: self,
                 which: S_RELEASE,
                 keys: records.clone(),
-                args: vec![token.clone()],
+                args: tokens.to_vec(),
                 armed: true,
             };
             let claim = claimed(&self.run(&invocation).await?, &request)?;
