@@ -163,7 +163,7 @@ async fn a_settled_record_taken_over_loses_its_expiry() {
 async fn records_of_the_earlier_field_layout_are_still_read() {
     // Records in doubt never expire, so a ledger upgraded in place meets
     // records written before the claim's token and its kind shared one field
-    // (`c` and `w`) and before an unset after-OK flag was left out.
+    // (`c` and `w`).
     let Some(server) = RedisServer::shared() else { return };
     let prefix = unique_prefix();
     let ledger = RedisLedger::connect(&server.url).await.expect("redis answers");

@@ -143,7 +143,7 @@ const MAX_MICROS: u64 = 1 << 50;
 /// | `n` | the fence of the (last) hold |
 /// | `l` | when the hold's lease ends (Redis `TIME`, µs) |
 /// | `a` | attempts dispatched under the key |
-/// | `o` | `1` when the last attempt answered OK unconfirmed (`0` or absent: not) |
+/// | `o` | `1` when the last attempt answered OK unconfirmed |
 /// | `t` | when the last attempt settles (Redis `TIME`, µs; absent: never) |
 /// | `v` | a completed call's value, as JSON (absent: not serializable) |
 /// | `c` | how the hold was taken (`f` fresh, `r` taken over), then the token of the claim that took it |

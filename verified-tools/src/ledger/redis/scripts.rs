@@ -30,8 +30,10 @@ use redis::Script;
 /// fresh claim, the hot path, runs four commands (`HMGET`, `TIME`, `INCR`,
 /// `HSET`) in straight-line code, without closures, tables built field by
 /// field or `unpack`; the value (`v`) is read only when the call completed;
-/// the tokens come ready-made, compared without building strings; the
-/// after-OK flag (`o`) is written only when set (absent reads as unset).
+/// the tokens come ready-made, compared without building strings. The
+/// after-OK flag (`o`) is always written, and read as unset when absent:
+/// a process still running the previous claim script (a rolling upgrade)
+/// needs it to take such a record over.
 /// Every number written is formatted as an integer by `%d` (a 64-bit `long`:
 /// exact below 2^53, and durations are capped well below), never left to
 /// Redis: Redis 7.2+ writes a double such as 1e8 as `1e+08`, which would
@@ -51,12 +53,12 @@ if not r[1] then
   local settle = tonumber(ARGV[6])
   local n, l = string.format('%d', fence), string.format('%d', now + ARGV[3])
   if settle < 0 then
-    redis.call('HSET', key, 'f', fp, 's', 'h', 'n', n, 'l', l, 'a', ARGV[4], 'c', ARGV[7])
+    redis.call('HSET', key, 'f', fp, 's', 'h', 'n', n, 'l', l, 'a', ARGV[4], 'o', ARGV[5],
+      'c', ARGV[7])
   else
-    redis.call('HSET', key, 'f', fp, 's', 'h', 'n', n, 'l', l, 'a', ARGV[4], 'c', ARGV[7],
-      't', string.format('%d', now + settle))
+    redis.call('HSET', key, 'f', fp, 's', 'h', 'n', n, 'l', l, 'a', ARGV[4], 'o', ARGV[5],
+      'c', ARGV[7], 't', string.format('%d', now + settle))
   end
-  if ARGV[5] == '1' then redis.call('HSET', key, 'o', '1') end
   return {1, which, fence}
 end
 if r[1] ~= fp then return {5, which} end
