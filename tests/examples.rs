@@ -31,6 +31,15 @@ mod mcp_stdio;
 /// What a whole example may take on a loaded machine; only bounds a hang.
 const HANG: Duration = Duration::from_secs(300);
 
+/// One example at a time. They run the engine's tracing callsites, and the
+/// backend example records them with a scoped subscriber: a callsite
+/// registered for the first time on another thread, with no subscriber
+/// there, while that subscriber is being created can keep the interest
+/// "never" (tracing-core computes it without a lock while only the global
+/// dispatcher exists), and the backend then exports no span. Seen once, in
+/// CI on a loaded machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A fresh directory in the temp directory, removed when dropped.
 struct TempDir(PathBuf);
 
@@ -61,6 +70,7 @@ impl Drop for TempDir {
 
 #[tokio::test]
 async fn quickstart_sends_once_and_replays_the_repeat() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mailer = quickstart::Mailer::default();
     let [first, again] = quickstart::run(&mailer).await;
     let (
@@ -81,6 +91,7 @@ async fn quickstart_sends_once_and_replays_the_repeat() {
 /// the spans, the audit and the printout say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_charges_each_order_once_despite_lost_answers() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = TempDir::new("backend");
     let mut printed = Vec::new();
     let run = tokio::time::timeout(HANG, backend::run(dir.path(), &mut printed))
@@ -177,6 +188,7 @@ fn is_error(status: &SpanStatus) -> bool {
 
 #[tokio::test]
 async fn backend_refuses_a_directory_with_a_ledger_of_another_run() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = TempDir::new("backend-again");
     std::fs::write(dir.path().join("ledger.db"), b"").unwrap();
     let error = backend::run(dir.path(), &mut Vec::new()).await.err().expect("refused");
@@ -221,6 +233,7 @@ impl Host {
 /// on the process's stdin and stdout): listed, called, a repeat replayed.
 #[tokio::test]
 async fn mcp_stdio_lists_and_calls_its_tools() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let (input, server_input) = tokio::io::duplex(1 << 16);
     let (server_output, output) = tokio::io::duplex(1 << 16);
     let server = mcp_stdio::server(mcp_stdio::Helpdesk::default());
