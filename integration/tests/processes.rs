@@ -252,11 +252,18 @@ fn signal(pid: u32, name: &str) {
 /// hand; worker Q waits for P's lease to end, takes the key over, verifies
 /// `Absent` and sends; then P is continued. What P does then is what its
 /// arguments say; what it reports is never "not applied": Q may have made
-/// the effect (it did). Answers the key and P's outcome line.
-fn paused_past_the_lease(ledger: &str, effects_file: &Path, p_extra: &[&str]) -> (String, String) {
+/// the effect (it did). `store` says where both write their effect, `pause`
+/// how P pauses and what it asks. Answers the key and P's outcome line.
+fn paused_past_the_lease(
+    ledger: &str,
+    effects_file: &Path,
+    store: &[&str],
+    pause: &[&str],
+) -> (String, String) {
     let run = run_id("pause");
     let mut p_args = vec!["--from", "0", "--to", "1", "--lease-ms", "1000"];
-    p_args.extend_from_slice(p_extra);
+    p_args.extend_from_slice(store);
+    p_args.extend_from_slice(pause);
     let mut p = worker(ledger, effects_file, &run, &p_args).spawn().expect("spawn P");
     let mut p_lines = BufReader::new(p.stdout.take().expect("piped")).lines();
     let first = p_lines.next().expect("P's first line").expect("utf-8");
@@ -270,10 +277,7 @@ fn paused_past_the_lease(ledger: &str, effects_file: &Path, p_extra: &[&str]) ->
     // Q's lease (and so its call's deadline) outlasts P's: it waits for
     // P's hold to end, however slow the machine. It writes as P would.
     let mut q_args = vec!["--from", "0", "--to", "1", "--lease-ms", "20000"];
-    q_args.extend(p_extra.iter().filter(|a| a.starts_with("--effects-db")));
-    if let Some(at) = p_extra.iter().position(|a| *a == "--write") {
-        q_args.extend_from_slice(&p_extra[at..at + 2]);
-    }
+    q_args.extend_from_slice(store);
     let q = finish(worker(ledger, effects_file, &run, &q_args).spawn().expect("spawn Q"));
     assert!(q[0].contains(" success "), "{ledger}: Q took the key over and sent: {q:?}");
     signal(p.id(), "-CONT");
@@ -297,8 +301,8 @@ fn a_worker_paused_past_its_lease_asks_before_it_sends_and_never_says_not_applie
     for (ledger, _server) in stores(&scratch) {
         for check in ["none", "deadline", "holder"] {
             let effects_file = scratch.path(&format!("effects-{check}-{}.log", ledger.len()));
-            let p_args = ["--stop-before-send", "--check", check];
-            let (key, outcome) = paused_past_the_lease(&ledger, &effects_file, &p_args);
+            let pause = ["--stop-before-send", "--check", check];
+            let (key, outcome) = paused_past_the_lease(&ledger, &effects_file, &[], &pause);
             let sent = effects(&effects_file).get(&key).copied().unwrap_or(0);
             println!("{ledger}, --check {check}: {sent} effect(s); P: {outcome}");
             let expected = if check == "none" { 2 } else { 1 };
@@ -333,9 +337,9 @@ fn a_late_write_after_the_question_is_refused_by_a_fence_at_the_resource() {
     for (ledger, _server) in stores(&scratch) {
         for (write, table) in [("plain", "effects"), ("fenced", "fenced_effects")] {
             let db = scratch.path(&format!("effects-{write}-{}.db", ledger.len()));
-            let p_args =
-                ["--effects-db", "--write", write, "--check", "holder", "--stop-after-check"];
-            let (key, outcome) = paused_past_the_lease(&ledger, &db, &p_args);
+            let store = ["--effects-db", "--write", write];
+            let pause = ["--check", "holder", "--stop-after-check"];
+            let (key, outcome) = paused_past_the_lease(&ledger, &db, &store, &pause);
             let rows = rows(&db, table, &key);
             println!("{ledger}, --write {write}: rows {rows:?}; P: {outcome}");
             match write {
