@@ -102,6 +102,17 @@ pub trait Tool {
     fn codec(&self) -> Codec<Self::Output> {
         Codec::unrecorded()
     }
+
+    /// Whether an attempt commits the call's ledger record itself, in one
+    /// transaction with its effect (a transactional tool:
+    /// `PostgresLedger::transact`, feature `postgres`). The engine then
+    /// hands every attempt the call's hold ([`Attempt::holder`]), takes an
+    /// `Ok` answer as the proof (the record committed with the effect),
+    /// believes the verifier's `Absent` at once (a commit is visible when it
+    /// answers) and does not write the success again. By default: `false`.
+    fn commits_record(&self) -> bool {
+        false
+    }
 }
 
 impl<X: Tool + ?Sized> Tool for &mut X {
@@ -129,5 +140,9 @@ impl<X: Tool + ?Sized> Tool for &mut X {
 
     fn codec(&self) -> Codec<Self::Output> {
         (**self).codec()
+    }
+
+    fn commits_record(&self) -> bool {
+        (**self).commits_record()
     }
 }

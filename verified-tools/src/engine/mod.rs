@@ -157,7 +157,7 @@ where
     A: Serialize + ?Sized,
 {
     let spec = tool.spec();
-    let policy = Effective::new(cx, spec);
+    let policy = Effective::new(cx, spec, tool.commits_record());
     let rules = Rules {
         class: spec.side_effect,
         mode: cx.mode(),
@@ -255,7 +255,9 @@ type Fail<X> = <X as Tool>::Error;
 
 /// The policy of one call: the class default by reference (it is large, and
 /// the call's future carries it), with the tool's overrides resolved (one
-/// rule: [`Context::policy_for`]).
+/// rule: [`Context::policy_for`]). A tool whose attempt commits its record
+/// with its effect has nothing to wait for and nothing to re-read: its
+/// commit's answer is the proof, and a committed effect is visible at once.
 struct Effective<'a> {
     base: &'a RetryPolicy,
     retries: u32,
@@ -266,7 +268,7 @@ struct Effective<'a> {
 }
 
 impl<'a> Effective<'a> {
-    fn new(cx: &'a Context, spec: &ToolSpec) -> Self {
+    fn new(cx: &'a Context, spec: &ToolSpec, commits_record: bool) -> Self {
         let base = cx.policy_ref(spec.side_effect);
         let o = crate::context::Overrides::of(spec, base);
         Self {
@@ -274,8 +276,8 @@ impl<'a> Effective<'a> {
             retries: o.retries,
             attempt_timeout: o.attempt_timeout,
             call_timeout: o.call_timeout,
-            settle: o.settle,
-            verify_response: o.verify_response,
+            settle: if commits_record { Some(Duration::ZERO) } else { o.settle },
+            verify_response: o.verify_response && !commits_record,
         }
     }
 }
@@ -444,7 +446,7 @@ impl<'a, X: Tool> Call<'a, X> {
         self.stage = Stage::Attempting;
         let deadline = self.timeline.deadline(deadline);
         let holder = match (&self.hold, &self.cx.ledger) {
-            (Some(hold), Some(ledger)) if self.spec.holder => {
+            (Some(hold), Some(ledger)) if self.spec.holder || self.tool.commits_record() => {
                 crate::Holder::new(std::sync::Arc::clone(ledger), key, hold.fence)
             }
             _ => crate::Holder::unrecorded(),

@@ -149,7 +149,7 @@ use crate::{IdempotencyKey, PayloadDigest};
 pub use codec::{Codec, CodecProbe, SerdeCodec, UnrecordedCodec};
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresLedger, PostgresLedgerBuilder};
+pub use postgres::{PostgresLedger, PostgresLedgerBuilder, Tx, TxError, TxFuture, TxStage};
 #[cfg(feature = "redis")]
 pub use redis::RedisLedger;
 #[cfg(feature = "sqlite")]

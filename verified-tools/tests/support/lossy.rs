@@ -101,6 +101,8 @@ enum Fate {
 pub struct LossyProxy {
     /// The proxy's `redis://127.0.0.1:PORT/`.
     pub url: String,
+    /// Its port on 127.0.0.1, for clients of other servers.
+    pub port: u16,
     /// What it did so far.
     pub losses: Arc<Losses>,
     dice: Arc<Dice>,
@@ -128,7 +130,7 @@ impl LossyProxy {
         let losses = Arc::new(Losses::default());
         let accept =
             tokio::spawn(accept(listener, upstream, Arc::clone(&dice), Arc::clone(&losses)));
-        Self { url: format!("redis://127.0.0.1:{port}/"), losses, dice, accept }
+        Self { url: format!("redis://127.0.0.1:{port}/"), port, losses, dice, accept }
     }
 
     /// Starts losing answers (connecting, and loading scripts, go through

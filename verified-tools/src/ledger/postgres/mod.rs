@@ -7,6 +7,9 @@
 //! operation, and the claim that a dropped caller abandons.
 
 mod sql;
+mod transact;
+
+pub use self::transact::{Tx, TxError, TxFuture, TxStage};
 
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,524 @@
+//! Transactional tools: a tool whose effect is rows in the ledger's own
+//! database runs each attempt in one transaction that also completes its
+//! ledger record, so the effect and the record commit together or not at
+//! all ([`PostgresLedger::transact`]).
+//!
+//! Why it is exactly once, for the maintainers. The transaction's first
+//! statement locks the call's record row, and only while this call still
+//! holds the key under its fence and attempt number; its last marks the
+//! record completed. `COMMIT` goes out only after that last statement has
+//! answered, so a transaction that may still commit always holds the row
+//! lock. The verifier reads the record with `FOR SHARE`, which waits for
+//! such a transaction: what it reads is final. A holder paused past its
+//! lease cannot commit either: the call that takes the key over changes the
+//! fence (waiting for the lock, which the server frees once the paused
+//! session has idled past its attempt's deadline), and the paused
+//! transaction's lock or completion then matches no row.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Waker};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::{PostgresLedger, first, sql};
+use crate::engine::{self, Attempt};
+use crate::key::Payload;
+use crate::ledger::{Codec, Fence};
+use crate::tool::Tool;
+use crate::{Classify, Context, ErrorClass, IdempotencyKey, ToolResult, ToolSpec, Verdict};
+
+/// The body of a transactional tool: one attempt's statements, on the
+/// transaction the engine opened ([`PostgresLedger::transact`]).
+pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
+
+/// The connection of one attempt, inside the transaction that will also
+/// complete the call's record. It dereferences to the
+/// [`Client`](tokio_postgres::Client): run statements on it as on any
+/// client (`&*tx` where a [`GenericClient`](tokio_postgres::GenericClient)
+/// is wanted).
+///
+/// Do not `COMMIT` or `ROLLBACK` on it: the engine ends the transaction.
+/// Touch only this database in the body: what it does elsewhere (a mail, an
+/// HTTP call) is not rolled back with it, and is not verified; make that a
+/// tool of its own, called after this one succeeded.
+pub struct Tx<'c> {
+    client: &'c Client,
+    key: IdempotencyKey,
+    attempt: u32,
+}
+
+impl Tx<'_> {
+    /// The call's idempotency key (the same on every attempt).
+    pub fn key(&self) -> IdempotencyKey {
+        self.key
+    }
+
+    /// 1 for the call's first attempt.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+impl Deref for Tx<'_> {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client
+    }
+}
+
+impl fmt::Debug for Tx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tx").field("key", &self.key).field("attempt", &self.attempt).finish()
+    }
+}
+
+/// Where a transactional attempt's statement failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TxStage {
+    /// `BEGIN`, the attempt's timeouts and the lock on the call's record.
+    Open,
+    /// The tool's body.
+    Body,
+    /// Completing the record and `COMMIT`, sent as one message.
+    Commit,
+}
+
+/// Why an attempt of a transactional tool failed. Every variant but a
+/// [`Commit`](TxStage::Commit) that lost its answer says the transaction
+/// rolled back: nothing the body wrote is kept.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxError<E> {
+    /// The body returned an error; its transaction rolled back.
+    Body(E),
+    /// A statement of the engine's own failed (or its answer was lost).
+    Postgres {
+        /// Which one.
+        stage: TxStage,
+        /// tokio-postgres' error.
+        source: tokio_postgres::Error,
+    },
+    /// The client's connection closed before `COMMIT` went out: rolled
+    /// back, and no later attempt can run on this client. Call again with a
+    /// live connection (the same call: its key, and its budget, carry on).
+    Closed {
+        /// Where the attempt was.
+        stage: TxStage,
+        /// The error that showed it, in words.
+        error: String,
+    },
+    /// The call no longer holds its key under this attempt (another call
+    /// took it over after the lease): rolled back before the body ran.
+    NotHeld,
+    /// The attempt came without a hold on a ledger record: the call's
+    /// ledger refused it (a low-risk tool allowed to run without a ledger).
+    NoHold,
+}
+
+impl TxStage {
+    fn doing(self) -> &'static str {
+        match self {
+            TxStage::Open => "opening the tool's transaction",
+            TxStage::Body => "running the tool's body",
+            TxStage::Commit => "committing the tool's transaction",
+        }
+    }
+}
+
+impl<E> TxError<E> {
+    /// The text of the engine's own failures (the body's error has its own).
+    fn engine_text(&self) -> String {
+        match self {
+            TxError::Body(_) => String::new(),
+            TxError::Postgres { stage, source } => {
+                format!("{}: {}", stage.doing(), super::describe(source))
+            }
+            TxError::Closed { stage, error } => format!(
+                "the connection closed while {}, before COMMIT: rolled back; call again with a \
+                 live connection ({error})",
+                stage.doing()
+            ),
+            TxError::NotHeld => {
+                "the call no longer holds its key (taken over after its lease): rolled back".into()
+            }
+            TxError::NoHold => "the attempt holds no ledger record; a transactional tool runs \
+                                only with its ledger (PostgresLedger::transact)"
+                .into(),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for TxError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TxError::Body(error) => write!(f, "the tool's transaction rolled back: {error}"),
+            other => f.write_str(&other.engine_text()),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for TxError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TxError::Body(error) => Some(error),
+            TxError::Postgres { source, .. } => Some(source),
+            TxError::Closed { .. } | TxError::NotHeld | TxError::NoHold => None,
+        }
+    }
+}
+
+/// What a failed attempt proves: it rolled back, unless `COMMIT` went out
+/// and its answer never came.
+///
+/// | error | class | why |
+/// | --- | --- | --- |
+/// | `Body(e)` | `e`'s class, with `Ambiguous` read as `NotSent` | rolled back: a lost answer inside the transaction cannot have committed |
+/// | `Postgres { Open, .. }` | `Definitive` for a server's refusal of the ledger's statements (its schema), else `NotSent` | nothing was written |
+/// | `Postgres { Commit, .. }`, a server error | `NotSent` | the message stops at the error: no `COMMIT` ran (a failed `COMMIT` rolls back) |
+/// | `Postgres { Commit, .. }`, the answer lost | `Ambiguous` | `COMMIT` may have committed: the verifier reads the record |
+/// | `Closed { .. }` | `Definitive` | rolled back, and the same client cannot do better |
+/// | `NotHeld` | `Conflict` | another call holds the key: re-checked before anything else |
+/// | `NoHold` | `Definitive` | no attempt can run without a hold |
+impl<E: Classify> Classify for TxError<E> {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            TxError::Body(error) => match error.classify() {
+                ErrorClass::Ambiguous => ErrorClass::NotSent,
+                class => class,
+            },
+            TxError::Postgres { stage, source } => match (stage, source.as_db_error()) {
+                (TxStage::Commit, None) => ErrorClass::Ambiguous,
+                (TxStage::Open, Some(_)) => match source.classify() {
+                    ErrorClass::Definitive => ErrorClass::Definitive,
+                    _ => ErrorClass::NotSent,
+                },
+                _ => ErrorClass::NotSent,
+            },
+            TxError::NotHeld => ErrorClass::Conflict,
+            TxError::Closed { .. } | TxError::NoHold => ErrorClass::Definitive,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            TxError::Body(error) => {
+                format!("the tool's transaction rolled back: {}", error.describe())
+            }
+            other => other.engine_text(),
+        }
+    }
+}
+
+impl PostgresLedger {
+    /// Runs one logical call of a transactional tool: `body` writes the
+    /// effect on `client` (a connection to this ledger's database, for this
+    /// call alone: a pooled connection or a plain client), and each attempt
+    /// is one transaction that also completes the call's record. The effect
+    /// and the record commit together: a duplicate is impossible, even for a
+    /// holder paused past its lease, and a lost `COMMIT` answer is settled
+    /// by reading the record (no verifier to write).
+    ///
+    /// The call runs through the engine with this ledger, whatever the
+    /// context's is: the record must live in the effect's database. The
+    /// engine claims the key first (a repeat replays the recorded value);
+    /// then, per attempt:
+    ///
+    /// 1. `BEGIN`; `statement_timeout` and `idle_in_transaction_session_timeout`
+    ///    set to the attempt's deadline; the record's row locked, if this
+    ///    call still holds the key (else [`TxError::NotHeld`], rolled back);
+    /// 2. `body` (its error rolls the transaction back: [`TxError::Body`],
+    ///    retried within the budget when its class says the attempt may
+    ///    succeed again: serialization failures and deadlocks, lost answers);
+    /// 3. the record completed with the value, and `COMMIT`, in one message.
+    ///
+    /// The value is recorded as JSON, for replays. `payload` is what the key
+    /// is derived from, `audit_args` what the audit shows, as for
+    /// [`engine::call`].
+    ///
+    /// ```no_run
+    /// use verified_tools::ledger::{PostgresLedger, TxError};
+    /// use verified_tools::{Context, SideEffect, ToolResult, ToolSpec};
+    ///
+    /// static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::High);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "postgres://app@localhost/shop";
+    /// let ledger = PostgresLedger::connect(url).await?;
+    /// let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    /// tokio::spawn(connection);
+    /// let cx = Context::new("billing");
+    /// let (order, cents) = (42_i64, 1250_i32);
+    /// let paid: ToolResult<i64, TxError<tokio_postgres::Error>> = ledger
+    ///     .transact(&cx, &PAY, &mut client, &(order, cents), &(order, cents), |tx| {
+    ///         Box::pin(async move {
+    ///             let row = tx
+    ///                 .query_one(
+    ///                     "INSERT INTO payments (order_id, cents) VALUES ($1, $2) RETURNING id",
+    ///                     &[&order, &cents],
+    ///                 )
+    ///                 .await?;
+    ///             Ok(row.get(0))
+    ///         })
+    ///     })
+    ///     .await;
+    /// # let _ = paid;
+    /// # Ok(()) }
+    /// ```
+    pub fn transact<'a, 'c, T, E, P, A, F>(
+        &'a self,
+        cx: &'a Context,
+        spec: &'static ToolSpec,
+        client: &'c mut Client,
+        payload: &'a P,
+        audit_args: &'a A,
+        body: F,
+    ) -> Pin<Box<dyn Future<Output = ToolResult<T, TxError<E>>> + Send + 'a>>
+    where
+        'c: 'a,
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Classify + Send + 'a,
+        P: Payload + Sync + ?Sized,
+        A: Serialize + Sync + ?Sized,
+        // `Tx<'c>`, not `Tx<'t>`: the body may borrow what outlives the call.
+        F: for<'t> FnMut(&'t Tx<'c>) -> TxFuture<'t, T, E> + Send + 'a,
+    {
+        // Boxed, and so checked `Send` here, once: callers that spawn the
+        // call would otherwise meet rustc's "`Send` is not general enough"
+        // on the body's higher-ranked lifetime.
+        let body: Box<Body<'a, 'c, T, E>> = Box::new(body);
+        Box::pin(async move {
+            let cx = cx.clone().with_ledger(Arc::new(self.clone()));
+            let tool = Transactional { ledger: self, client, spec, body, last: None };
+            engine::run(&cx, tool, payload, audit_args).await
+        })
+    }
+}
+
+/// A body, as a trait object: its higher-ranked lifetime stays inside the
+/// type, out of the `Tool` impl's bounds (which rustc cannot prove `Send`
+/// for every lifetime of an async block).
+type Body<'a, 'c, T, E> = dyn for<'t> FnMut(&'t Tx<'c>) -> TxFuture<'t, T, E> + Send + 'a;
+
+/// The [`Tool`] one transactional call is.
+struct Transactional<'l, 'a, 'c, T, E> {
+    ledger: &'l PostgresLedger,
+    client: &'c Client,
+    spec: &'static ToolSpec,
+    body: Box<Body<'a, 'c, T, E>>,
+    /// The fence and number of the last attempt, for the verifier's notes.
+    last: Option<(Fence, u32)>,
+}
+
+impl<T, E> Tool for Transactional<'_, '_, '_, T, E>
+where
+    T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+    E: Classify,
+{
+    type Output = T;
+    type Error = TxError<E>;
+
+    fn spec(&self) -> &'static ToolSpec {
+        self.spec
+    }
+
+    async fn dispatch(&mut self, attempt: Attempt) -> Result<T, TxError<E>> {
+        let Some(fence) = attempt.holder.fence() else { return Err(TxError::NoHold) };
+        self.last = Some((fence, attempt.number));
+        let names = Names::of(self.ledger);
+        let key = hex(&sql::key_bytes(attempt.key));
+        let timeout = attempt.deadline.remaining().as_millis().clamp(1, i32::MAX as u128);
+        let open = format!(
+            "BEGIN; SET LOCAL statement_timeout = {timeout}; \
+             SET LOCAL idle_in_transaction_session_timeout = {timeout}; \
+             SELECT 1 FROM {records} WHERE key = decode('{key}', 'hex') AND fence = {fence} \
+             AND attempts = {number} AND state = 'held' FOR UPDATE",
+            records = names.records,
+            fence = sql::fence_arg(fence),
+            number = attempt.number,
+        );
+        let mut guard = Open { client: self.client, open: true };
+        let held = match self.client.simple_query(&open).await {
+            Ok(messages) => messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(_))),
+            Err(source) => {
+                let error = TxError::Postgres { stage: TxStage::Open, source };
+                return Err(self.closed(TxStage::Open, error));
+            }
+        };
+        if !held {
+            guard.rollback().await;
+            return Err(TxError::NotHeld);
+        }
+        let tx = Tx { client: self.client, key: attempt.key, attempt: attempt.number };
+        let value = match (self.body)(&tx).await {
+            Ok(value) => value,
+            Err(error) => {
+                guard.rollback().await;
+                return Err(self.closed(TxStage::Body, TxError::Body(error)));
+            }
+        };
+        let encoded = Codec::<T>::serde().encode(&value).unwrap_or_default();
+        // Fails the transaction when the row is not this attempt's any more
+        // (it cannot be while the lock holds; a guard, not a path): the
+        // rest of the message is then skipped, and no `COMMIT` runs.
+        let commit = format!(
+            "WITH done AS (UPDATE {records} SET state = 'completed', value = decode('{value}', 'hex'), \
+             lease_end = NULL, expires_at = clock_timestamp() + {ttl} * interval '1 microsecond' \
+             WHERE key = decode('{key}', 'hex') AND fence = {fence} AND attempts = {number} \
+             AND state = 'held' RETURNING 1) SELECT 1 / count(*)::int FROM done; COMMIT",
+            records = names.records,
+            value = hex(&encoded),
+            ttl = sql::micros(self.ledger.ttl),
+            fence = sql::fence_arg(fence),
+            number = attempt.number,
+        );
+        match self.client.batch_execute(&commit).await {
+            Ok(()) => {
+                guard.open = false;
+                Ok(value)
+            }
+            Err(source) => {
+                if source.as_db_error().is_some() {
+                    guard.rollback().await;
+                }
+                Err(TxError::Postgres { stage: TxStage::Commit, source })
+            }
+        }
+    }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    async fn verify(&mut self, key: IdempotencyKey) -> Verdict<T> {
+        read(self.ledger, key).await
+    }
+
+    fn codec(&self) -> Codec<T> {
+        Codec::serde()
+    }
+
+    fn commits_record(&self) -> bool {
+        true
+    }
+}
+
+impl<T, E> Transactional<'_, '_, '_, T, E> {
+    /// `error`, or [`TxError::Closed`] when the client's connection is
+    /// gone: retrying on it would only fail again.
+    fn closed(&self, stage: TxStage, error: TxError<E>) -> TxError<E>
+    where
+        E: Classify,
+    {
+        match self.client.is_closed() {
+            true => TxError::Closed { stage, error: error.describe() },
+            false => error,
+        }
+    }
+}
+
+/// The record, once no transaction that may commit holds it: completed
+/// (the effect committed with it), or not (it did not, and cannot now).
+async fn read<T: Serialize + DeserializeOwned>(
+    ledger: &PostgresLedger,
+    key: IdempotencyKey,
+) -> Verdict<T> {
+    let names = Names::of(ledger);
+    let statement = format!(
+        "SELECT state = 'completed', value FROM {} WHERE key = $1 FOR SHARE",
+        names.records
+    );
+    let key = sql::key_bytes(key);
+    let key: &[u8] = &key;
+    let rows = match ledger.inner.query(&statement, &[(&key, Type::BYTEA)]).await {
+        Ok(rows) => rows,
+        Err(_) => return Verdict::Unknown,
+    };
+    let Ok(completed) = first::<bool>(&rows, "the record") else {
+        // No record: it expired, or was never there. Not proof of anything.
+        return Verdict::Unknown;
+    };
+    if !completed {
+        return Verdict::Absent;
+    }
+    let value: Option<Vec<u8>> = rows[0].try_get(1).ok().flatten();
+    match value.and_then(|bytes| Codec::<T>::serde().decode(&bytes)) {
+        Some(value) => Verdict::Holds(value),
+        None => Verdict::Unknown,
+    }
+}
+
+/// The ledger's table, quoted.
+struct Names {
+    records: String,
+}
+
+impl Names {
+    fn of(ledger: &PostgresLedger) -> Self {
+        let (schema, prefix) = (&ledger.inner.schema, &ledger.inner.prefix);
+        Self { records: format!("\"{schema}\".\"{prefix}records\"") }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+/// An open transaction on the caller's client. Dropped open (the attempt's
+/// deadline struck, or the call was cancelled), it queues a `ROLLBACK`
+/// behind whatever the connection is still sending, so the connection goes
+/// back to its owner outside any transaction.
+struct Open<'c> {
+    client: &'c Client,
+    open: bool,
+}
+
+impl Open<'_> {
+    async fn rollback(&mut self) {
+        self.open = false;
+        // A connection that cannot take it is closed: the server rolls back.
+        let _ = self.client.batch_execute("ROLLBACK").await;
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // tokio-postgres queues a request on its first poll; the answer
+            // is not awaited.
+            let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
+            let _ = rollback.as_mut().poll(&mut TaskContext::from_waker(Waker::noop()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sent_as_hex() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    }
+
+    #[test]
+    fn only_a_lost_commit_answer_is_in_doubt() {
+        let body: TxError<std::io::Error> = TxError::Body(std::io::ErrorKind::TimedOut.into());
+        assert_eq!(body.classify(), ErrorClass::NotSent, "rolled back");
+        assert_eq!(TxError::<std::io::Error>::NotHeld.classify(), ErrorClass::Conflict);
+        assert_eq!(TxError::<std::io::Error>::NoHold.classify(), ErrorClass::Definitive);
+    }
+}
