@@ -4,12 +4,13 @@
 //! line per call.
 //!
 //! ```text
-//! ledger_worker --ledger sqlite:/tmp/l.db|redis://127.0.0.1:6379/ --effects FILE
-//!               --run RUN --from 0 --to 50 [--class high|irreversible]
+//! ledger_worker --ledger sqlite:/tmp/l.db|redis://127.0.0.1:6379/|postgres://U@H:P/DB
+//!               --effects FILE --run RUN --from 0 --to 50 [--class high|irreversible]
 //!               [--verifier by_key|blind] [--crash-after-dispatch]
 //!               [--lease-ms 3000] [--pause-ms 0]
 //!               [--stop-before-send | --stop-after-check] [--check none|deadline|holder]
-//!               [--effects-db --write plain|fenced]
+//!               [--effects-db | --effects-pg URL] [--write plain|fenced]
+//!               [--pg-schema SCHEMA]
 //! ```
 //!
 //! Call `i` is keyed by `(RUN, i)`. The tool appends `KEY PID` to the effects
@@ -27,7 +28,15 @@
 //! no question closes. With `--effects-db` the effect is a row in an SQLite
 //! file instead (`effects.rs`): `--write plain` inserts it, `--write fenced`
 //! writes it under the call's fence, and the database refuses a write under
-//! an older fence than the row's.
+//! an older fence than the row's. With `--effects-pg URL` the rows are in
+//! a PostgreSQL database instead (the same two tables, the same two modes).
+//!
+//! A PostgreSQL ledger is named by a URL (`postgres://`, `postgresql://`,
+//! as `VT_POSTGRES_URL` has it) or by `postgres:` and tokio-postgres's
+//! `key=value` pairs (`postgres:host=127.0.0.1 port=5432 user=postgres`).
+//! Its tables, and the effects tables of `--effects-pg`, are in schema
+//! `--pg-schema` (`public` by default), created if missing: a test keeps its
+//! runs apart with a schema of its own.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -39,7 +48,7 @@ mod effects;
 
 use effects::{Store, Write};
 use verified_tools::engine::{self, Attempt};
-use verified_tools::ledger::{Codec, Ledger, RedisLedger, SqliteLedger};
+use verified_tools::ledger::{Codec, Ledger, PostgresLedger, RedisLedger, SqliteLedger};
 use verified_tools::{
     Context, ErrorClass, IdempotencyKey, InFlight, RetryPolicy, SideEffect, ToolResult, ToolSpec,
     Verdict,
@@ -73,6 +82,8 @@ struct Args {
     stop_late: bool,
     check: Check,
     db: bool,
+    pg_effects: Option<String>,
+    pg_schema: String,
     write: Write,
 }
 
@@ -92,6 +103,8 @@ fn args() -> Result<Args, String> {
         stop_late: false,
         check: Check::None,
         db: false,
+        pg_effects: None,
+        pg_schema: PostgresLedger::DEFAULT_SCHEMA.to_owned(),
         write: Write::Plain,
     };
     let mut it = std::env::args().skip(1);
@@ -112,13 +125,9 @@ fn args() -> Result<Args, String> {
             "--stop-before-send" => a.stop = true,
             "--stop-after-check" => a.stop_late = true,
             "--effects-db" => a.db = true,
-            "--write" => {
-                a.write = match value()?.as_str() {
-                    "plain" => Write::Plain,
-                    "fenced" => Write::Fenced,
-                    other => return Err(format!("--write {other}: plain or fenced")),
-                }
-            }
+            "--effects-pg" => a.pg_effects = Some(value()?),
+            "--pg-schema" => a.pg_schema = value()?,
+            "--write" => a.write = Write::parse(&value()?)?,
             "--check" => {
                 a.check = match value()?.as_str() {
                     "none" => Check::None,
@@ -133,7 +142,7 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-async fn open(spec: &str, lease: Duration) -> Result<Arc<dyn Ledger>, String> {
+async fn open(spec: &str, lease: Duration, schema: &str) -> Result<Arc<dyn Ledger>, String> {
     if let Some(path) = spec.strip_prefix("sqlite:") {
         let ledger = SqliteLedger::open(path).map_err(|e| e.to_string())?.with_lease(lease);
         return Ok(Arc::new(ledger));
@@ -142,7 +151,20 @@ async fn open(spec: &str, lease: Duration) -> Result<Arc<dyn Ledger>, String> {
         let ledger = RedisLedger::connect(spec).await.map_err(|e| e.to_string())?;
         return Ok(Arc::new(ledger.with_lease(lease)));
     }
-    Err(format!("--ledger {spec}: expected sqlite:PATH or redis://HOST:PORT/"))
+    let postgres = if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        Some(spec)
+    } else {
+        spec.strip_prefix("postgres:")
+    };
+    if let Some(url) = postgres {
+        let builder = PostgresLedger::builder().with_schema(schema);
+        let ledger = builder.connect(url).await.map_err(|e| e.to_string())?;
+        return Ok(Arc::new(ledger.with_lease(lease)));
+    }
+    Err(format!(
+        "--ledger {spec}: expected sqlite:PATH, redis://HOST:PORT/, postgres://USER@HOST:PORT/DB \
+         or postgres:KEY=VALUE .."
+    ))
 }
 
 /// What the tool does besides writing its effect.
@@ -186,7 +208,7 @@ async fn send(store: &Store, attempt: Attempt, mode: Mode) -> Result<(), ErrorCl
     if mode.stop_late && !stop_here(attempt.key) {
         return Err(ErrorClass::NotSent);
     }
-    store.write(attempt.key, attempt.holder.fence())?;
+    store.write(attempt.key, attempt.holder.fence()).await?;
     if mode.crash {
         println!("dispatched {}", attempt.key);
         let _ = std::io::stdout().flush();
@@ -200,7 +222,7 @@ async fn sent(store: &Store, key: IdempotencyKey, blind: bool) -> Verdict<()> {
     if blind {
         return Verdict::Unknown;
     }
-    store.holds(key)
+    store.holds(key).await
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -212,7 +234,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let ledger = match open(&args.ledger, args.lease).await {
+    let ledger = match open(&args.ledger, args.lease, &args.pg_schema).await {
         Ok(ledger) => ledger,
         Err(e) => {
             eprintln!("ledger_worker: {e}");
@@ -239,9 +261,16 @@ async fn main() -> std::process::ExitCode {
     };
     let mode =
         Mode { crash: args.crash, stop: args.stop, stop_late: args.stop_late, check: args.check };
-    let store = match args.db {
-        true => Store::Db(args.effects.clone(), args.write),
-        false => Store::File(args.effects.clone()),
+    let store = match (&args.pg_effects, args.db) {
+        (Some(url), _) => match effects::Postgres::open(url, &args.pg_schema) {
+            Ok(db) => Store::Postgres(db, args.write),
+            Err(e) => {
+                eprintln!("ledger_worker: {e}");
+                return std::process::ExitCode::from(3);
+            }
+        },
+        (None, true) => Store::Sqlite(args.effects.clone(), args.write),
+        (None, false) => Store::File(args.effects.clone()),
     };
     for step in args.from..args.to {
         let cx = cx.for_step(args.run.as_str(), step);
