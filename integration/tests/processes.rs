@@ -634,3 +634,34 @@ fn restart_mid_run(server: &mut PostgresServer, scratch: &Scratch, mode: &str) {
         applied.len()
     );
 }
+
+/// Issue 17, item 4: the pause that fencing at the ledger cannot stop, for a
+/// tool whose effect is a row in the ledger's own database. P stops past
+/// its lease with its `INSERT` handed to tokio-postgres (inside its
+/// transaction); Q takes the key over and inserts; P is continued. As a
+/// plain tool (the control) P's late row is a second one; as a
+/// transactional tool (`PostgresLedger::transact`) P's transaction cannot
+/// commit (the server ended its idle session at the attempt's deadline,
+/// and its fence no longer holds the record): one row.
+#[test]
+fn a_paused_transactional_worker_cannot_commit_a_second_row() {
+    let scratch = Scratch::new("transactional");
+    for store in stores(&scratch, "transactional") {
+        let Some(pg) = store.pg.as_ref() else { continue };
+        for (write, pause, expected) in [
+            ("plain", &["--stop-before-send", "--check", "none"][..], 2),
+            ("transactional", &["--stop-before-send"][..], 1),
+        ] {
+            let effects = ["--write", write, "--effects-pg", &pg.url, "--pg-schema", &pg.name];
+            let file = scratch.path(&format!("effects-{write}.log"));
+            let (key, outcome, p) = paused_past_the_lease(&store, &file, &effects, pause);
+            let rows = pg.rows("effects", &key);
+            let at = format!("{store}, --write {write}");
+            println!("{at}: rows {rows:?}; P: {outcome}");
+            assert_eq!(rows.len(), expected, "{at}: rows of the paused key; P: {outcome}");
+            if write == "transactional" {
+                assert_ne!(rows[0].0, p, "{at}: the row is Q's; P's transaction rolled back");
+            }
+        }
+    }
+}

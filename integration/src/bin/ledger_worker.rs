@@ -9,7 +9,7 @@
 //!               [--verifier by_key|blind] [--crash-after-dispatch]
 //!               [--lease-ms 3000] [--pause-ms 0]
 //!               [--stop-before-send | --stop-after-check] [--check none|deadline|holder]
-//!               [--effects-db | --effects-pg URL] [--write plain|fenced]
+//!               [--effects-db | --effects-pg URL] [--write plain|fenced|transactional]
 //!               [--pg-schema SCHEMA]
 //! ```
 //!
@@ -29,7 +29,10 @@
 //! file instead (`effects.rs`): `--write plain` inserts it, `--write fenced`
 //! writes it under the call's fence, and the database refuses a write under
 //! an older fence than the row's. With `--effects-pg URL` the rows are in
-//! a PostgreSQL database instead (the same two tables, the same two modes).
+//! a PostgreSQL database instead (the same two tables, the same two modes),
+//! and a third mode: `--write transactional` inserts the plain row in one
+//! transaction with the call's ledger record (`transactional.rs`; the
+//! ledger must be on the same database).
 //!
 //! A PostgreSQL ledger is named by a URL (`postgres://`, `postgresql://`,
 //! as `VT_POSTGRES_URL` has it) or by `postgres:` and tokio-postgres's
@@ -45,6 +48,8 @@ use std::time::Duration;
 
 #[path = "ledger_worker/effects.rs"]
 mod effects;
+#[path = "ledger_worker/transactional.rs"]
+mod transactional;
 
 use effects::{Store, Write};
 use verified_tools::engine::{self, Attempt};
@@ -85,6 +90,8 @@ struct Args {
     pg_effects: Option<String>,
     pg_schema: String,
     write: Write,
+    /// `--write transactional`: the row and the record in one transaction.
+    transactional: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -106,6 +113,7 @@ fn args() -> Result<Args, String> {
         pg_effects: None,
         pg_schema: PostgresLedger::DEFAULT_SCHEMA.to_owned(),
         write: Write::Plain,
+        transactional: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -127,7 +135,10 @@ fn args() -> Result<Args, String> {
             "--effects-db" => a.db = true,
             "--effects-pg" => a.pg_effects = Some(value()?),
             "--pg-schema" => a.pg_schema = value()?,
-            "--write" => a.write = Write::parse(&value()?)?,
+            "--write" => match value()?.as_str() {
+                "transactional" => a.transactional = true,
+                other => a.write = Write::parse(other)?,
+            },
             "--check" => {
                 a.check = match value()?.as_str() {
                     "none" => Check::None,
@@ -178,7 +189,7 @@ struct Mode {
 
 /// Stops this process (SIGSTOP), for the test to continue it (SIGCONT):
 /// a worker paused at a point the test knows.
-fn stop_here(key: IdempotencyKey) -> bool {
+pub(crate) fn stop_here(key: IdempotencyKey) -> bool {
     println!("stopping {key}");
     let _ = std::io::stdout().flush();
     let pid = std::process::id().to_string();
@@ -272,8 +283,47 @@ async fn main() -> std::process::ExitCode {
         (None, true) => Store::Sqlite(args.effects.clone(), args.write),
         (None, false) => Store::File(args.effects.clone()),
     };
+    let mut tx = None;
+    if args.transactional {
+        let url = args.pg_effects.as_deref().unwrap_or_default();
+        let ledger = PostgresLedger::builder().with_schema(&args.pg_schema).connect(url).await;
+        match ledger {
+            Ok(ledger) if args.ledger.contains(url) => {
+                tx = Some((ledger.with_lease(args.lease), transactional::Connection::new(url)));
+            }
+            _ => {
+                eprintln!(
+                    "ledger_worker: --write transactional needs --effects-pg URL and a \
+                     --ledger on the same database"
+                );
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
     for step in args.from..args.to {
         let cx = cx.for_step(args.run.as_str(), step);
+        if let Some((ledger, connection)) = &mut tx {
+            let sent = transactional::send(
+                ledger,
+                &cx,
+                &SEND_HIGH,
+                connection,
+                &args.pg_schema,
+                step,
+                args.stop,
+            )
+            .await;
+            let outcome = match &sent {
+                Ok(ToolResult::Success { proof, .. }) => format!("success {proof:?}"),
+                Ok(ToolResult::Refused(e)) => format!("refused {e}"),
+                Ok(other) => other.label().to_owned(),
+                Err(e) => format!("refused no connection: {e}"),
+            };
+            let key = sent.as_ref().ok().and_then(ToolResult::key);
+            println!("{step} {} {outcome}", key.map_or_else(String::new, |k| k.to_string()));
+            let _ = std::io::stdout().flush();
+            continue;
+        }
         let result: ToolResult<(), ErrorClass> = engine::call(
             &cx,
             spec,
