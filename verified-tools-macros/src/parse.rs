@@ -207,6 +207,20 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
     let mut seen: Vec<String> = Vec::new();
     for RawArg { key, value } in raw {
         let name = key.unraw().to_string();
+        if name == "transactional" {
+            // A request for a feature that is a function, not an option (yet):
+            // say where it is rather than "unknown".
+            cx.error(
+                key.span(),
+                "`transactional` is not an option of `#[verified_tool]`: a tool whose effect is \
+                 rows in the ledger's PostgreSQL database is called with \
+                 `PostgresLedger::transact(&cx, &SPEC, &mut client, &payload, &args, |tx| ..)` \
+                 (feature `postgres`), which commits the call's record in the tool's own \
+                 transaction; an effect outside that database (a mail) is a tool of its own, \
+                 with a verifier",
+            );
+            continue;
+        }
         if !ARGUMENTS.contains(&name.as_str()) {
             let hint = suggest(&name, ARGUMENTS)
                 .map(|s| format!("did you mean `{s}`? "))
