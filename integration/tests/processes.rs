@@ -665,3 +665,75 @@ fn a_paused_transactional_worker_cannot_commit_a_second_row() {
         }
     }
 }
+
+/// Eight workers making the same 40 calls of a transactional tool on one
+/// PostgreSQL database (the ledger and the rows in it): each row inserted
+/// once, every call a success, each row's sender told so by its commit.
+#[test]
+fn eight_processes_making_the_same_transactional_calls_insert_each_row_once() {
+    let scratch = Scratch::new("eight_tx");
+    for store in stores(&scratch, "eight_tx") {
+        let Some(pg) = store.pg.as_ref() else { continue };
+        let run = run_id("eight_tx");
+        let file = scratch.path("effects-tx.log");
+        let args =
+            ["--from", "0", "--to", "40", "--write", "transactional", "--effects-pg", &pg.url];
+        let workers: Vec<Child> = (0..8)
+            .map(|_| {
+                let mut args = args.to_vec();
+                args.extend(["--pg-schema", &pg.name]);
+                worker(&store, &file, &run, &args).spawn().expect("spawn")
+            })
+            .collect();
+        let lines: Vec<(u32, Vec<String>)> =
+            workers.into_iter().map(|child| (child.id(), finish(child))).collect();
+        let mut proofs: HashMap<String, usize> = HashMap::new();
+        let mut keys = std::collections::HashSet::new();
+        for (pid, lines) in &lines {
+            for line in lines {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(fields.get(2), Some(&"success"), "{store}: {line}");
+                let key = fields[1];
+                keys.insert(key.to_owned());
+                let rows = pg.rows("effects", key);
+                assert_eq!(rows.len(), 1, "{store}: rows of {key}: {rows:?}");
+                let proof = fields.get(3).copied().unwrap_or("");
+                if rows[0].0 == *pid {
+                    assert_eq!(proof, "Response", "{store}: the sender knows by its commit");
+                }
+                *proofs.entry(proof.to_owned()).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(keys.len(), 40, "{store}: every logical call happened");
+        assert_eq!(proofs.get("Response"), Some(&40), "{store}: one commit per row: {proofs:?}");
+        assert_eq!(proofs.values().sum::<usize>(), 320, "{store}: {proofs:?}");
+    }
+}
+
+/// A transactional worker `kill -9`ed after its `INSERT`, before its
+/// commit: the transaction dies with its connection, and the restarted
+/// worker (which waits out the dead one's lease, then takes the key over)
+/// inserts the row itself, once.
+#[test]
+fn a_transactional_worker_killed_before_its_commit_leaves_no_row_and_is_redone_once() {
+    let scratch = Scratch::new("kill_tx");
+    for store in stores(&scratch, "kill_tx") {
+        let Some(pg) = store.pg.as_ref() else { continue };
+        let run = run_id("kill_tx");
+        let file = scratch.path("effects-kill-tx.log");
+        let tx = ["--write", "transactional", "--effects-pg", &pg.url, "--pg-schema", &pg.name];
+        let mut extra = LEASE.to_vec();
+        extra.extend(tx);
+        kill_after_dispatch(&store, &file, &run, &extra);
+        let mut args = vec!["--from", "0", "--to", "1"];
+        args.extend(&extra);
+        let again = worker(&store, &file, &run, &args).spawn().expect("spawn");
+        let pid = again.id();
+        let lines = finish(again);
+        assert!(lines[0].ends_with("success Response"), "{store}: {lines:?}");
+        let key = lines[0].split_whitespace().nth(1).expect("a key");
+        let rows = pg.rows("effects", key);
+        assert_eq!(rows.len(), 1, "{store}: {rows:?}");
+        assert_eq!(rows[0].0, pid, "{store}: the killed worker's row rolled back");
+    }
+}

@@ -311,6 +311,7 @@ async fn main() -> std::process::ExitCode {
                 &args.pg_schema,
                 step,
                 args.stop,
+                args.crash,
             )
             .await;
             let outcome = match &sent {

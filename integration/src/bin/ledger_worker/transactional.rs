@@ -6,6 +6,8 @@
 //! With `--stop-before-send` the body hands its `INSERT` to tokio-postgres
 //! (one poll: queued for the connection, not yet sent) and then stops the
 //! process: a worker paused with a write in flight, inside its transaction.
+//! With `--crash-after-dispatch` it prints `dispatched KEY` once the row is
+//! written (not committed) and hangs, for the test to `kill -9` it.
 
 use std::future::Future;
 use std::task::{Context as TaskContext, Waker};
@@ -46,6 +48,7 @@ pub async fn send(
     schema: &str,
     step: u64,
     stop: bool,
+    crash: bool,
 ) -> Result<Sent, tokio_postgres::Error> {
     let insert = format!("INSERT INTO \"{schema}\".effects (key, pid, fence) VALUES ($1, $2, 0)");
     let insert = insert.as_str();
@@ -63,6 +66,12 @@ pub async fn send(
                     crate::stop_here(tx.key());
                 }
                 write.await?;
+                if crash {
+                    // Written, not committed: killed here, it rolls back.
+                    println!("dispatched {}", tx.key());
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                    std::future::pending::<()>().await;
+                }
                 Ok(())
             })
         })
