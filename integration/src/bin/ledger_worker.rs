@@ -310,8 +310,7 @@ async fn main() -> std::process::ExitCode {
                 connection,
                 &args.pg_schema,
                 step,
-                args.stop,
-                args.crash,
+                mode,
             )
             .await;
             let outcome = match &sent {

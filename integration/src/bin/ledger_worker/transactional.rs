@@ -47,9 +47,9 @@ pub async fn send(
     connection: &mut Connection,
     schema: &str,
     step: u64,
-    stop: bool,
-    crash: bool,
+    mode: crate::Mode,
 ) -> Result<Sent, tokio_postgres::Error> {
+    let crate::Mode { stop, crash, .. } = mode;
     let insert = format!("INSERT INTO \"{schema}\".effects (key, pid, fence) VALUES ($1, $2, 0)");
     let insert = insert.as_str();
     let pid = i64::from(std::process::id());
