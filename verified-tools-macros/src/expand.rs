@@ -92,6 +92,24 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
         .zip(&key_vars)
         .map(|((_, _, secret), var)| if *secret { quote!("<redacted>") } else { quote!(#var) });
 
+    let audit = quote! {
+        #[derive(::verified_tools::__private::Serialize)]
+        #[serde(crate = "::verified_tools::__private::serde")]
+        struct __VtArgs #audit_generics {
+            #(#audit_fields: #audit_types,)*
+        }
+        let __vt_args = __VtArgs { #(#audit_fields: #audit_values,)* };
+    };
+    if tool.transactional {
+        let preamble = quote! {
+            const __VT_SPEC: &::verified_tools::ToolSpec = &#spec;
+            #key_imports
+            #(#key_borrows)*
+            #payload
+            #audit
+        };
+        return transactional(tool, &spec_fn, &params, preamble);
+    }
     let dispatch = dispatch(tool);
     let classify =
         tool.classify.as_ref().map(|path| classify_fn(path, err, &quote!(__vt_classify)));
@@ -139,12 +157,7 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             #key_imports
             #(#key_borrows)*
             #payload
-            #[derive(::verified_tools::__private::Serialize)]
-            #[serde(crate = "::verified_tools::__private::serde")]
-            struct __VtArgs #audit_generics {
-                #(#audit_fields: #audit_types,)*
-            }
-            let __vt_args = __VtArgs { #(#audit_fields: #audit_values,)* };
+            #audit
             #classify
             let __vt_dispatch = #dispatch;
             let __vt_verify = #verify;
@@ -158,6 +171,56 @@ pub(crate) fn tool(tool: &Tool) -> TokenStream {
             let __vt_call = #call;
             #send_check
             #await_call
+        }
+    }
+}
+
+/// A `transactional` tool's entry point: `name(cx, ledger, client, args..)`,
+/// one `PostgresLedger::transact` call whose body is the user's block, with
+/// the `&Tx<'_>` parameter bound to the attempt's transaction.
+fn transactional(
+    tool: &Tool,
+    spec_fn: &TokenStream,
+    params: &[TokenStream],
+    preamble: TokenStream,
+) -> TokenStream {
+    let item = &tool.func.item;
+    let (attrs, vis, block) = (&item.attrs, &item.vis, &item.block);
+    let ident = &item.sig.ident;
+    let (ok, err) = (&tool.ok, &tool.err);
+    let ret = match &item.sig.output {
+        syn::ReturnType::Type(_, ty) => quote!(#ty),
+        syn::ReturnType::Default => quote!(()),
+    };
+    let cx = context_ident();
+    let ledger = Ident::new("ledger", Span::mixed_site());
+    let client = Ident::new("client", Span::mixed_site());
+    let tx = Ident::new("__vt_tx", Span::mixed_site());
+    let binding = tool.func.params.iter().find(|p| p.injected == Some(Injected::Tx)).map(|p| {
+        let (pat, ty) = (&p.pat, &p.ty);
+        quote!(let #pat: #ty = #tx;)
+    });
+    let rebinds = rebinds(tool);
+    let err_span = parse::focus_span(err);
+    let call = quote_spanned! {err_span=>
+        #ledger.transact(#cx, __VT_SPEC, #client, &__vt_payload, &__vt_args, |#tx| {
+            #(#rebinds)*
+            #binding
+            ::std::boxed::Box::pin(::verified_tools::__private::body::<#ret, _>(async move #block))
+        })
+    };
+    quote! {
+        #spec_fn
+
+        #(#attrs)*
+        #vis async fn #ident(
+            #cx: &::verified_tools::Context,
+            #ledger: &::verified_tools::ledger::PostgresLedger,
+            #client: &mut ::verified_tools::__private::PgClient,
+            #(#params),*
+        ) -> ::verified_tools::ToolResult<#ok, ::verified_tools::ledger::TxError<#err>> {
+            #preamble
+            #call.await
         }
     }
 }
@@ -516,7 +579,43 @@ fn dispatch(tool: &Tool) -> TokenStream {
         syn::ReturnType::Type(_, ty) => quote!(#ty),
         syn::ReturnType::Default => quote!(()),
     };
-    let rebinds = tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
+    let rebinds = rebinds(tool);
+    let attempt = Ident::new("__vt_attempt", Span::mixed_site());
+    let bindings: Vec<TokenStream> = tool
+        .func
+        .params
+        .iter()
+        .filter_map(|p| {
+            let (pat, ty) = (&p.pat, &p.ty);
+            let field = match p.injected? {
+                Injected::Key => quote!(key),
+                Injected::Deadline => quote!(deadline),
+                Injected::Holder => quote!(holder),
+                // A transactional tool's: bound by its own expansion.
+                Injected::Tx => return None,
+            };
+            Some(quote!(let #pat: #ty = #attempt.#field;))
+        })
+        .collect();
+    let attempt_arg = if bindings.is_empty() { quote!(_) } else { quote!(#attempt) };
+    let body = quote!(::verified_tools::__private::body::<#ret, _>(async move #block));
+    let body = match &tool.classify {
+        Some(_) => quote!(::verified_tools::__private::classified(__vt_classify, #body)),
+        None => body,
+    };
+    quote! {
+        |#attempt_arg: ::verified_tools::engine::Attempt| {
+            #(#rebinds)*
+            #(#bindings)*
+            #body
+        }
+    }
+}
+
+/// The owned parameters cloned for one attempt (a shared reference is
+/// copied), each under the user's own `mut`.
+fn rebinds(tool: &Tool) -> Vec<TokenStream> {
+    tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
         let name = p.ident.as_ref()?;
         // The user's own `mut`, so that `unused_mut` is theirs.
         let mutability = p.mutability();
@@ -536,35 +635,8 @@ fn dispatch(tool: &Tool) -> TokenStream {
                 let #mutability #name = #clone;
             })
         }
-    });
-    let attempt = Ident::new("__vt_attempt", Span::mixed_site());
-    let bindings: Vec<TokenStream> = tool
-        .func
-        .params
-        .iter()
-        .filter_map(|p| {
-            let (pat, ty) = (&p.pat, &p.ty);
-            let field = match p.injected? {
-                Injected::Key => quote!(key),
-                Injected::Deadline => quote!(deadline),
-                Injected::Holder => quote!(holder),
-            };
-            Some(quote!(let #pat: #ty = #attempt.#field;))
-        })
-        .collect();
-    let attempt_arg = if bindings.is_empty() { quote!(_) } else { quote!(#attempt) };
-    let body = quote!(::verified_tools::__private::body::<#ret, _>(async move #block));
-    let body = match &tool.classify {
-        Some(_) => quote!(::verified_tools::__private::classified(__vt_classify, #body)),
-        None => body,
-    };
-    quote! {
-        |#attempt_arg: ::verified_tools::engine::Attempt| {
-            #(#rebinds)*
-            #(#bindings)*
-            #body
-        }
-    }
+    })
+        .collect()
 }
 
 /// The verifier closure, its call spanned on the user's `verify = path` so

@@ -40,6 +40,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "json",
     "schema",
     "params",
+    "transactional",
 ];
 
 /// The effect kinds, as written in `effect = "..."`.
@@ -92,6 +93,8 @@ pub(crate) struct SideEffectArg {
 /// `timeout = "2s"`, `settle = "2s"` or `bucket = "5m"`, in milliseconds.
 pub(crate) struct DurationArg {
     pub millis: u64,
+    /// The literal's span.
+    pub span: proc_macro2::Span,
 }
 
 /// `skip(a, b)` or `secret(a)`: the names, as written.
@@ -132,6 +135,9 @@ pub(crate) struct Args {
     pub json: Option<LitBool>,
     pub schema: Option<LitBool>,
     pub params: Option<ParamDocs>,
+    /// `transactional`: the effect is rows in the ledger's PostgreSQL
+    /// database, committed with the call's record.
+    pub transactional: Option<LitBool>,
 }
 
 /// One argument before interpretation: `key`, `key = tokens` or `key(tokens)`.
@@ -207,20 +213,6 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
     let mut seen: Vec<String> = Vec::new();
     for RawArg { key, value } in raw {
         let name = key.unraw().to_string();
-        if name == "transactional" {
-            // A request for a feature that is a function, not an option (yet):
-            // say where it is rather than "unknown".
-            cx.error(
-                key.span(),
-                "`transactional` is not an option of `#[verified_tool]`: a tool whose effect is \
-                 rows in the ledger's PostgreSQL database is called with \
-                 `PostgresLedger::transact(&cx, &SPEC, &mut client, &payload, &args, |tx| ..)` \
-                 (feature `postgres`), which commits the call's record in the tool's own \
-                 transaction; an effect outside that database (a mail) is a tool of its own, \
-                 with a verifier",
-            );
-            continue;
-        }
         if !ARGUMENTS.contains(&name.as_str()) {
             let hint = suggest(&name, ARGUMENTS)
                 .map(|s| format!("did you mean `{s}`? "))
@@ -364,7 +356,7 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                 }
             }
             "params" => args.params = param_docs(&key, value, cx),
-            "verify_response" | "verify_key" | "send" | "json" | "schema" => {
+            "verify_response" | "verify_key" | "send" | "json" | "schema" | "transactional" => {
                 let example = format!("{name} = true");
                 // A bare flag is `true`, as tracing's `err` and `ret` are.
                 let value = match value {
@@ -377,6 +369,7 @@ pub(crate) fn args(tokens: TokenStream, cx: &Ctxt) -> Args {
                         Ok(lit) if name == "verify_key" => args.verify_key = Some(lit),
                         Ok(lit) if name == "json" => args.json = Some(lit),
                         Ok(lit) if name == "schema" => args.schema = Some(lit),
+                        Ok(lit) if name == "transactional" => args.transactional = Some(lit),
                         Ok(lit) => args.verify_response = Some(lit),
                         Err(_) => cx.error_spanned(
                             tokens,
@@ -518,7 +511,7 @@ fn duration(lit: &LitStr, what: &str, cx: &Ctxt) -> Option<DurationArg> {
         cx.error(lit.span(), format!("{what} must be longer than zero: {how}"));
         return None;
     }
-    Some(DurationArg { millis })
+    Some(DurationArg { millis, span: lit.span() })
 }
 
 /// The function the attribute is on, split into the parts the expansion
@@ -555,6 +548,9 @@ pub(crate) enum Injected {
     Deadline,
     /// `Holder`: the call's hold on its ledger record.
     Holder,
+    /// `&Tx<'_>`: the attempt's transaction, of a `transactional` tool only
+    /// (another tool's `Tx` is the user's own type).
+    Tx,
 }
 
 impl Injected {
@@ -564,6 +560,7 @@ impl Injected {
             Injected::Key => "IdempotencyKey",
             Injected::Deadline => "Deadline",
             Injected::Holder => "Holder",
+            Injected::Tx => "Tx",
         }
     }
 }

@@ -47,12 +47,19 @@ pub(crate) struct Tool {
     /// `(T, E)` of the `Result<T, E>` return type.
     pub ok: Type,
     pub err: Type,
+    /// `transactional`: called through `PostgresLedger::transact`, the
+    /// parameter `&Tx<'_>` marked [`Injected::Tx`].
+    pub transactional: bool,
 }
 
 /// Checks the arguments against each other and against the function.
 /// Returns the tool only when no error was recorded, else the function back
 /// for the fallback.
-pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<ToolFn>> {
+pub(crate) fn tool(args: Args, mut func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<ToolFn>> {
+    let transactional = args.transactional.as_ref().is_some_and(|l| l.value);
+    if transactional {
+        transactional_rules(&args, &mut func, cx);
+    }
     let class = match &args.side_effect {
         Some(arg) => Some(arg.class),
         // Written with a bad value: already reported.
@@ -68,6 +75,7 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
     };
     if let (Some(arg), None) = (&args.side_effect, &args.verify)
         && arg.class.requires_verifier()
+        && !transactional
     {
         cx.error(
             arg.lit.span(),
@@ -189,8 +197,100 @@ pub(crate) fn tool(args: Args, func: ToolFn, cx: &Ctxt) -> Result<Tool, Box<Tool
             effect_key,
             ok,
             err,
+            transactional,
         }),
         _ => Err(Box::new(func)),
+    }
+}
+
+/// The rules of a `transactional` tool, and its `&Tx<'_>` parameter marked.
+///
+/// What it accepts: a free, non-generic `async fn` whose first parameter is
+/// `tx: &Tx<'_>`, of class `low`, `high` or `irreversible`, with `key(..)`,
+/// `skip`, `secret`, `name`, `retries`, `timeout` and `call_timeout`. What
+/// it refuses, and why: a verifier (the record committed with the rows is
+/// the proof; an effect outside the database is a tool of its own), a read
+/// (`none`: nothing to commit), a settle margin (a commit is visible when it
+/// answers), the key, deadline or holder as parameters (`tx.key()`; the
+/// deadline is the transaction's `statement_timeout`), and the JSON, schema
+/// and classify options (not built for this form yet).
+fn transactional_rules(args: &Args, func: &mut ToolFn, cx: &Ctxt) {
+    if let Some(arg) = args.side_effect.as_ref().filter(|a| a.class == Class::None) {
+        cx.error(
+            arg.lit.span(),
+            "a read (`side_effect = \"none\"`) commits nothing: remove `transactional`",
+        );
+    }
+    if let Some(path) = &args.verify {
+        cx.error_spanned(
+            path,
+            "a transactional tool's proof is its ledger record, committed with its rows: remove \
+             `verify`; an effect outside the database (a mail) is a tool of its own, with a verifier",
+        );
+    }
+    if let Some(settle) = &args.settle {
+        cx.error(
+            settle.span,
+            "a transactional tool's commit is visible when it answers: remove `settle`",
+        );
+    }
+    let not_yet = [
+        ("json", args.json.as_ref().map(|l| l.span)),
+        ("schema", args.schema.as_ref().map(|l| l.span)),
+        ("send", args.send.as_ref().map(|l| l.span)),
+        ("classify", args.classify.as_ref().map(syn::spanned::Spanned::span)),
+    ];
+    for (option, span) in not_yet {
+        if let Some(span) = span {
+            cx.error(
+                span,
+                format!(
+                    "`{option}` is not available with `transactional`: remove it (a \
+                     transactional tool is called with its ledger and a client, and its call is \
+                     always `Send`)"
+                ),
+            );
+        }
+    }
+    if let Some(receiver) = &func.receiver {
+        cx.error_spanned(receiver, "a transactional tool is a free fn: remove `self`");
+    }
+    if let Some(generics) = Some(&func.item.sig.generics).filter(|g| !g.params.is_empty()) {
+        cx.error_spanned(generics, "a transactional tool cannot be generic: remove the parameters");
+    }
+    for param in &func.params {
+        if let Some(injected) = param.injected {
+            cx.error_spanned(
+                &param.ty,
+                format!(
+                    "a transactional tool has no `{}` parameter: the call's key is `tx.key()`, and \
+                     the attempt's deadline is its transaction's `statement_timeout`",
+                    injected.type_name()
+                ),
+            );
+        }
+    }
+    match func.params.first_mut() {
+        Some(first) if is_tx(&first.ty) => first.injected = Some(Injected::Tx),
+        _ => cx.error(
+            func.item.sig.ident.span(),
+            format!(
+                "a transactional tool takes its transaction first: write \
+                 `async fn {}(tx: &Tx<'_>, ..)` (`verified_tools::ledger::Tx`)",
+                func.item.sig.ident
+            ),
+        ),
+    }
+}
+
+/// `&Tx<..>` (any path ending so).
+fn is_tx(ty: &Type) -> bool {
+    match parse::peel(ty) {
+        Type::Reference(r) if r.mutability.is_none() => match parse::peel(&r.elem) {
+            Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Tx"),
+            _ => false,
+        },
+        _ => false,
     }
 }
 

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use support::lossy::LossyProxy;
 use tokio_postgres::{Client, Config, NoTls};
-use verified_tools::ledger::{Ledger, PostgresLedger, RecordState, TxError};
+use verified_tools::ledger::{Ledger, PostgresLedger, RecordState, Tx, TxError};
 use verified_tools::{
-    Backoff, Classify, Context, ErrorClass, Proof, SideEffect, ToolResult, ToolSpec,
+    Backoff, Classify, Context, ErrorClass, Proof, SideEffect, ToolResult, ToolSpec, verified_tool,
 };
 
 static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::High);
@@ -374,4 +374,31 @@ async fn through_a_link_that_loses_answers_every_payment_is_made_once_and_told_t
     );
     assert!(by_verifier > 0, "no COMMIT answer was lost: the test proves nothing");
     assert!(by_response > 0);
+}
+
+/// Books a payment, once per payment: the attribute's form of
+/// `PostgresLedger::transact`.
+#[verified_tool(side_effect = "high", transactional, key(payment), skip(table))]
+async fn book(tx: &Tx<'_>, table: &str, payment: i64) -> Result<i64, tokio_postgres::Error> {
+    let insert = format!("INSERT INTO {table} (payment, cents) VALUES ($1, 1250) RETURNING id");
+    Ok(tx.query_one(&insert, &[&payment]).await?.get(0))
+}
+
+#[tokio::test]
+async fn the_attribute_form_commits_once_per_payment_whoever_asks() {
+    let Some(shop) = Shop::open("attribute").await else { return };
+    let mut client = connect(&shop.url).await;
+    let cx = Context::new("billing");
+    let first = book(&cx, &shop.ledger, &mut client, &shop.table, 5).await;
+    let ToolResult::Success { value, proof: Proof::Response, .. } = first else {
+        panic!("{first:?}")
+    };
+    // Another step, another tool call id: `key(payment)` names the action.
+    let again = book(&cx.for_tool_call("call_2"), &shop.ledger, &mut client, &shop.table, 5).await;
+    assert!(
+        matches!(again, ToolResult::Success { value: v, proof: Proof::Ledger, .. } if v == value),
+        "{again:?}"
+    );
+    assert_eq!(shop.rows(5).await, 1);
+    assert_eq!(book_spec().name, "book");
 }
