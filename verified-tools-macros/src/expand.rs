@@ -615,27 +615,31 @@ fn dispatch(tool: &Tool) -> TokenStream {
 /// The owned parameters cloned for one attempt (a shared reference is
 /// copied), each under the user's own `mut`.
 fn rebinds(tool: &Tool) -> Vec<TokenStream> {
-    tool.func.params.iter().filter(|p| p.is_argument()).filter_map(|p| {
-        let name = p.ident.as_ref()?;
-        // The user's own `mut`, so that `unused_mut` is theirs.
-        let mutability = p.mutability();
-        if p.is_shared_ref() {
-            // A shared reference is copied: no allocation.
-            mutability.map(|m| quote!(let #m #name = #name;))
-        } else {
-            // Owned parameters are cloned per attempt (a no-op copy for
-            // `Copy` types), spanned on the type so a missing `Clone`
-            // lands there. A parameter only the key or the verifier reads
-            // is not "unused".
-            let clone = quote_spanned! {parse::focus_span(&p.ty)=>
-                ::core::clone::Clone::clone(&#name)
-            };
-            Some(quote! {
-                #[allow(unused_variables)]
-                let #mutability #name = #clone;
-            })
-        }
-    })
+    tool.func
+        .params
+        .iter()
+        .filter(|p| p.is_argument())
+        .filter_map(|p| {
+            let name = p.ident.as_ref()?;
+            // The user's own `mut`, so that `unused_mut` is theirs.
+            let mutability = p.mutability();
+            if p.is_shared_ref() {
+                // A shared reference is copied: no allocation.
+                mutability.map(|m| quote!(let #m #name = #name;))
+            } else {
+                // Owned parameters are cloned per attempt (a no-op copy for
+                // `Copy` types), spanned on the type so a missing `Clone`
+                // lands there. A parameter only the key or the verifier reads
+                // is not "unused".
+                let clone = quote_spanned! {parse::focus_span(&p.ty)=>
+                    ::core::clone::Clone::clone(&#name)
+                };
+                Some(quote! {
+                    #[allow(unused_variables)]
+                    let #mutability #name = #clone;
+                })
+            }
+        })
         .collect()
 }
 

@@ -21,11 +21,11 @@ pub use serde_json;
 
 pub use crate::__verified_tools_schema_items as schema_items;
 pub use crate::toolset::args;
+#[cfg(feature = "schema")]
+pub use crate::toolset::schema;
 /// The client a `transactional` tool's entry point takes.
 #[cfg(feature = "postgres")]
 pub use tokio_postgres::Client as PgClient;
-#[cfg(feature = "schema")]
-pub use crate::toolset::schema;
 
 use crate::{ArgsError, Classified, Context, ErrorClass, ToolSpec};
 

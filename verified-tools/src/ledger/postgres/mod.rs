@@ -249,6 +249,9 @@ pub struct PostgresLedger {
     inner: Arc<Inner>,
     lease: Duration,
     ttl: Duration,
+    /// Claims commit without waiting for the WAL flush: the handle a
+    /// transactional call runs with (`transact.rs` says why that is safe).
+    unflushed_claims: bool,
 }
 
 /// How a [`PostgresLedger`] is opened: the names of its schema, the bound
@@ -421,6 +424,7 @@ impl PostgresLedgerBuilder {
             inner: Arc::new(inner),
             lease: Duration::from_secs(600),
             ttl: Duration::from_secs(24 * 3600),
+            unflushed_claims: false,
         })
     }
 }
@@ -883,6 +887,7 @@ impl Inner {
         started: Instant,
         request: ClaimRequest,
         lease: Duration,
+        unflushed: bool,
     ) -> Result<Claim, LedgerError> {
         let key = sql::key_bytes(request.key);
         let fingerprint = request.fingerprint.as_u128().to_be_bytes();
@@ -905,10 +910,11 @@ impl Inner {
             (&progress.after_ok, Type::BOOL),
             (&settle, Type::INT8),
         ];
+        let statement = if unflushed { &self.sql.claim_unflushed } else { &self.sql.claim };
         // A claim that lands after its lease holds nothing any more: no
         // need to wait for it longer.
         let rows = self
-            .run_on(lent.client(), lent.shared(), started, lease, &self.sql.claim, &params)
+            .run_on(lent.client(), lent.shared(), started, lease, statement, &params)
             .await
             .map_err(Failure::into_ledger)?;
         let row = rows
@@ -985,7 +991,8 @@ impl Drop for Answer {
 
 impl Ledger for PostgresLedger {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
-        let (inner, lease) = (Arc::clone(&self.inner), self.lease);
+        let (inner, lease, unflushed) =
+            (Arc::clone(&self.inner), self.lease, self.unflushed_claims);
         LedgerFuture::boxed(async move {
             let Ok(runtime) = Handle::try_current() else {
                 return Err(LedgerError::Unavailable(
@@ -1001,7 +1008,7 @@ impl Ledger for PostgresLedger {
             let mut answer = Answer { answer: Some(receive), inner: Arc::clone(&inner) };
             let task = Arc::clone(&inner);
             runtime.spawn(async move {
-                let claimed = task.claim(lent, started, request, lease).await;
+                let claimed = task.claim(lent, started, request, lease, unflushed).await;
                 if let Err(Ok(claim)) = send.send(claimed)
                     && let Some(fence) = held(&claim)
                 {

@@ -296,7 +296,12 @@ impl PostgresLedger {
         // on the body's higher-ranked lifetime.
         let body: Box<Body<'a, 'c, T, E>> = Box::new(body);
         Box::pin(async move {
-            let cx = cx.clone().with_ledger(Arc::new(self.clone()));
+            // Its claims need not wait for the WAL flush: a claim lost in a
+            // crash of the server held a key for a call that had committed
+            // nothing (the call's commit, durable, would have flushed the
+            // claim before it), and the key is simply free again.
+            let ledger = PostgresLedger { unflushed_claims: true, ..self.clone() };
+            let cx = cx.clone().with_ledger(Arc::new(ledger));
             let tool = Transactional { ledger: self, client, spec, body, last: None };
             engine::run(&cx, tool, payload, audit_args).await
         })
