@@ -6,7 +6,9 @@
 //! Why it is exactly once, for the maintainers. The transaction's first
 //! statement locks the call's record row, and only while this call still
 //! holds the key under its fence and attempt number; its last marks the
-//! record completed. `COMMIT` goes out only after that last statement has
+//! record completed. (The body's statements follow the opening message
+//! without waiting for its answer; they run inside the transaction it
+//! began, and `COMMIT` is sent only once that answer said "held".) `COMMIT` goes out only after that last statement has
 //! answered, so a transaction that may still commit always holds the row
 //! lock. The verifier reads the record with `FOR SHARE`, which waits for
 //! such a transaction: what it reads is final. A holder paused past its
@@ -20,7 +22,7 @@ use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Waker};
+use std::task::{Context as TaskContext, Poll, Waker};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -234,11 +236,15 @@ impl PostgresLedger {
     ///
     /// 1. `BEGIN`; `statement_timeout` and `idle_in_transaction_session_timeout`
     ///    set to the attempt's deadline; the record's row locked, if this
-    ///    call still holds the key (else [`TxError::NotHeld`], rolled back);
+    ///    call still holds the key (else [`TxError::NotHeld`], rolled back):
+    ///    one message, which `body`'s first statement follows at once;
     /// 2. `body` (its error rolls the transaction back: [`TxError::Body`],
     ///    retried within the budget when its class says the attempt may
     ///    succeed again: serialization failures and deadlocks, lost answers);
     /// 3. the record completed with the value, and `COMMIT`, in one message.
+    ///
+    /// `client` must be outside any transaction: the call's `COMMIT` would
+    /// commit one the caller had begun.
     ///
     /// The value is recorded as JSON, for replays. `payload` is what the key
     /// is derived from, `audit_args` what the audit shows, as for
@@ -351,9 +357,32 @@ where
             number = attempt.number,
         );
         let mut guard = Open { client: self.client, open: true };
-        let held = match self.client.simple_query(&open).await {
+        // The opening goes out now and the body's statements right behind
+        // it, in one round trip: they run inside the transaction it begins,
+        // and nothing commits before its answer has said this call holds
+        // the key (else the whole transaction rolls back).
+        let mut opening = std::pin::pin!(self.client.simple_query(&open));
+        let early = match opening.as_mut().poll(&mut TaskContext::from_waker(Waker::noop())) {
+            Poll::Ready(Err(source)) => {
+                // Refused before it left: no transaction to end.
+                guard.open = false;
+                let error = TxError::Postgres { stage: TxStage::Open, source };
+                return Err(self.closed(TxStage::Open, error));
+            }
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => None,
+        };
+        let tx = Tx { client: self.client, key: attempt.key, attempt: attempt.number };
+        let body = (self.body)(&tx).await;
+        let opened = match early {
+            Some(answer) => answer,
+            None => opening.await,
+        };
+        let held = match opened {
             Ok(messages) => messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(_))),
             Err(source) => {
+                // The body's failure, if any, is this one's consequence.
+                guard.rollback().await;
                 let error = TxError::Postgres { stage: TxStage::Open, source };
                 return Err(self.closed(TxStage::Open, error));
             }
@@ -362,8 +391,7 @@ where
             guard.rollback().await;
             return Err(TxError::NotHeld);
         }
-        let tx = Tx { client: self.client, key: attempt.key, attempt: attempt.number };
-        let value = match (self.body)(&tx).await {
+        let value = match body {
             Ok(value) => value,
             Err(error) => {
                 guard.rollback().await;
