@@ -223,7 +223,8 @@ impl<E: Classify> Classify for TxError<E> {
 impl PostgresLedger {
     /// Runs one logical call of a transactional tool: `body` writes the
     /// effect on `client` (a connection to this ledger's database, for this
-    /// call alone: a pooled connection or a plain client), and each attempt
+    /// call alone: a plain client, or a pool's connection, which
+    /// dereferences to one: `&mut conn`), and each attempt
     /// is one transaction that also completes the call's record. The effect
     /// and the record commit together: a duplicate is impossible, even for a
     /// holder paused past its lease, and a lost `COMMIT` answer is settled
