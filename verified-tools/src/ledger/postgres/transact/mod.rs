@@ -29,12 +29,16 @@ use serde::de::DeserializeOwned;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+mod error;
+
+pub use self::error::{TxError, TxStage};
+
 use super::{PostgresLedger, first, sql};
 use crate::engine::{self, Attempt};
 use crate::key::Payload;
 use crate::ledger::{Codec, Fence};
 use crate::tool::Tool;
-use crate::{Classify, Context, ErrorClass, IdempotencyKey, ToolResult, ToolSpec, Verdict};
+use crate::{Classify, Context, IdempotencyKey, ToolResult, ToolSpec, Verdict};
 
 /// The body of a transactional tool: one attempt's statements, on the
 /// transaction the engine opened ([`PostgresLedger::transact`]).
@@ -79,144 +83,6 @@ impl Deref for Tx<'_> {
 impl fmt::Debug for Tx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tx").field("key", &self.key).field("attempt", &self.attempt).finish()
-    }
-}
-
-/// Where a transactional attempt's statement failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TxStage {
-    /// `BEGIN`, the attempt's timeouts and the lock on the call's record.
-    Open,
-    /// The tool's body.
-    Body,
-    /// Completing the record and `COMMIT`, sent as one message.
-    Commit,
-}
-
-/// Why an attempt of a transactional tool failed. Every variant but a
-/// [`Commit`](TxStage::Commit) that lost its answer says the transaction
-/// rolled back: nothing the body wrote is kept.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum TxError<E> {
-    /// The body returned an error; its transaction rolled back.
-    Body(E),
-    /// A statement of the engine's own failed (or its answer was lost).
-    Postgres {
-        /// Which one.
-        stage: TxStage,
-        /// tokio-postgres' error.
-        source: tokio_postgres::Error,
-    },
-    /// The client's connection closed before `COMMIT` went out: rolled
-    /// back, and no later attempt can run on this client. Call again with a
-    /// live connection (the same call: its key, and its budget, carry on).
-    Closed {
-        /// Where the attempt was.
-        stage: TxStage,
-        /// The error that showed it, in words.
-        error: String,
-    },
-    /// The call no longer holds its key under this attempt (another call
-    /// took it over after the lease): rolled back before the body ran.
-    NotHeld,
-    /// The attempt came without a hold on a ledger record: the call's
-    /// ledger refused it (a low-risk tool allowed to run without a ledger).
-    NoHold,
-}
-
-impl TxStage {
-    fn doing(self) -> &'static str {
-        match self {
-            TxStage::Open => "opening the tool's transaction",
-            TxStage::Body => "running the tool's body",
-            TxStage::Commit => "committing the tool's transaction",
-        }
-    }
-}
-
-impl<E> TxError<E> {
-    /// The text of the engine's own failures (the body's error has its own).
-    fn engine_text(&self) -> String {
-        match self {
-            TxError::Body(_) => String::new(),
-            TxError::Postgres { stage, source } => {
-                format!("{}: {}", stage.doing(), super::describe(source))
-            }
-            TxError::Closed { stage, error } => format!(
-                "the connection closed while {}, before COMMIT: rolled back; call again with a \
-                 live connection ({error})",
-                stage.doing()
-            ),
-            TxError::NotHeld => {
-                "the call no longer holds its key (taken over after its lease): rolled back".into()
-            }
-            TxError::NoHold => "the attempt holds no ledger record; a transactional tool runs \
-                                only with its ledger (PostgresLedger::transact)"
-                .into(),
-        }
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for TxError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TxError::Body(error) => write!(f, "the tool's transaction rolled back: {error}"),
-            other => f.write_str(&other.engine_text()),
-        }
-    }
-}
-
-impl<E: std::error::Error + 'static> std::error::Error for TxError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            TxError::Body(error) => Some(error),
-            TxError::Postgres { source, .. } => Some(source),
-            TxError::Closed { .. } | TxError::NotHeld | TxError::NoHold => None,
-        }
-    }
-}
-
-/// What a failed attempt proves: it rolled back, unless `COMMIT` went out
-/// and its answer never came.
-///
-/// | error | class | why |
-/// | --- | --- | --- |
-/// | `Body(e)` | `e`'s class, with `Ambiguous` read as `NotSent` | rolled back: a lost answer inside the transaction cannot have committed |
-/// | `Postgres { Open, .. }` | `Definitive` for a server's refusal of the ledger's statements (its schema), else `NotSent` | nothing was written |
-/// | `Postgres { Commit, .. }`, a server error | `NotSent` | the message stops at the error: no `COMMIT` ran (a failed `COMMIT` rolls back) |
-/// | `Postgres { Commit, .. }`, the answer lost | `Ambiguous` | `COMMIT` may have committed: the verifier reads the record |
-/// | `Closed { .. }` | `Definitive` | rolled back, and the same client cannot do better |
-/// | `NotHeld` | `Conflict` | another call holds the key: re-checked before anything else |
-/// | `NoHold` | `Definitive` | no attempt can run without a hold |
-impl<E: Classify> Classify for TxError<E> {
-    fn classify(&self) -> ErrorClass {
-        match self {
-            TxError::Body(error) => match error.classify() {
-                ErrorClass::Ambiguous => ErrorClass::NotSent,
-                class => class,
-            },
-            TxError::Postgres { stage, source } => match (stage, source.as_db_error()) {
-                (TxStage::Commit, None) => ErrorClass::Ambiguous,
-                (TxStage::Open, Some(_)) => match source.classify() {
-                    ErrorClass::Definitive => ErrorClass::Definitive,
-                    _ => ErrorClass::NotSent,
-                },
-                _ => ErrorClass::NotSent,
-            },
-            TxError::NotHeld => ErrorClass::Conflict,
-            TxError::Closed { .. } | TxError::NoHold => ErrorClass::Definitive,
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            TxError::Body(error) => {
-                format!("the tool's transaction rolled back: {}", error.describe())
-            }
-            other => other.engine_text(),
-        }
     }
 }
 
@@ -309,7 +175,7 @@ impl PostgresLedger {
             // claim before it), and the key is simply free again.
             let ledger = PostgresLedger { unflushed_claims: true, ..self.clone() };
             let cx = cx.clone().with_ledger(Arc::new(ledger));
-            let tool = Transactional { ledger: self, client, spec, body, last: None };
+            let tool = Transactional { ledger: self, client, spec, body };
             engine::run(&cx, tool, payload, audit_args).await
         })
     }
@@ -326,8 +192,6 @@ struct Transactional<'l, 'a, 'c, T, E> {
     client: &'c Client,
     spec: &'static ToolSpec,
     body: Box<Body<'a, 'c, T, E>>,
-    /// The fence and number of the last attempt, for the verifier's notes.
-    last: Option<(Fence, u32)>,
 }
 
 impl<T, E> Tool for Transactional<'_, '_, '_, T, E>
@@ -344,19 +208,9 @@ where
 
     async fn dispatch(&mut self, attempt: Attempt) -> Result<T, TxError<E>> {
         let Some(fence) = attempt.holder.fence() else { return Err(TxError::NoHold) };
-        self.last = Some((fence, attempt.number));
-        let names = Names::of(self.ledger);
-        let key = hex(&sql::key_bytes(attempt.key));
+        let sql = Sql::of(self.ledger, attempt.key, fence, attempt.number);
         let timeout = attempt.deadline.remaining().as_millis().clamp(1, i32::MAX as u128);
-        let open = format!(
-            "BEGIN; SET LOCAL statement_timeout = {timeout}; \
-             SET LOCAL idle_in_transaction_session_timeout = {timeout}; \
-             SELECT 1 FROM {records} WHERE key = decode('{key}', 'hex') AND fence = {fence} \
-             AND attempts = {number} AND state = 'held' FOR UPDATE",
-            records = names.records,
-            fence = sql::fence_arg(fence),
-            number = attempt.number,
-        );
+        let open = sql.open(timeout);
         let mut guard = Open { client: self.client, open: true };
         // The opening goes out now and the body's statements right behind
         // it, in one round trip: they run inside the transaction it begins,
@@ -400,20 +254,7 @@ where
             }
         };
         let encoded = Codec::<T>::serde().encode(&value).unwrap_or_default();
-        // Fails the transaction when the row is not this attempt's any more
-        // (it cannot be while the lock holds; a guard, not a path): the
-        // rest of the message is then skipped, and no `COMMIT` runs.
-        let commit = format!(
-            "WITH done AS (UPDATE {records} SET state = 'completed', value = decode('{value}', 'hex'), \
-             lease_end = NULL, expires_at = clock_timestamp() + {ttl} * interval '1 microsecond' \
-             WHERE key = decode('{key}', 'hex') AND fence = {fence} AND attempts = {number} \
-             AND state = 'held' RETURNING 1) SELECT 1 / count(*)::int FROM done; COMMIT",
-            records = names.records,
-            value = hex(&encoded),
-            ttl = sql::micros(self.ledger.ttl),
-            fence = sql::fence_arg(fence),
-            number = attempt.number,
-        );
+        let commit = sql.commit(&encoded, self.ledger.ttl);
         match self.client.batch_execute(&commit).await {
             Ok(()) => {
                 guard.open = false;
@@ -465,10 +306,9 @@ async fn read<T: Serialize + DeserializeOwned>(
     ledger: &PostgresLedger,
     key: IdempotencyKey,
 ) -> Verdict<T> {
-    let names = Names::of(ledger);
     let statement = format!(
         "SELECT state = 'completed', value FROM {} WHERE key = $1 FOR SHARE",
-        names.records
+        Sql::records(ledger)
     );
     let key = sql::key_bytes(key);
     let key: &[u8] = &key;
@@ -490,15 +330,57 @@ async fn read<T: Serialize + DeserializeOwned>(
     }
 }
 
-/// The ledger's table, quoted.
-struct Names {
+/// The statements of one attempt, literals inlined: each is one
+/// simple-query message (which carries no parameters), and every value in
+/// them is a number or hex the ledger wrote.
+struct Sql {
+    /// The ledger's table, quoted.
     records: String,
+    /// The record's row, as long as this attempt holds it.
+    row: String,
 }
 
-impl Names {
-    fn of(ledger: &PostgresLedger) -> Self {
+impl Sql {
+    fn of(ledger: &PostgresLedger, key: IdempotencyKey, fence: Fence, number: u32) -> Self {
+        let records = Self::records(ledger);
+        let row = format!(
+            "key = decode('{}', 'hex') AND fence = {} AND attempts = {number} AND state = 'held'",
+            hex(&sql::key_bytes(key)),
+            sql::fence_arg(fence),
+        );
+        Self { records, row }
+    }
+
+    fn records(ledger: &PostgresLedger) -> String {
         let (schema, prefix) = (&ledger.inner.schema, &ledger.inner.prefix);
-        Self { records: format!("\"{schema}\".\"{prefix}records\"") }
+        format!("\"{schema}\".\"{prefix}records\"")
+    }
+
+    /// `BEGIN`, the attempt's deadline as the server's timeouts, and the
+    /// record's row locked (one row when this attempt holds it, none else).
+    fn open(&self, timeout_ms: u128) -> String {
+        format!(
+            "BEGIN; SET LOCAL statement_timeout = {timeout_ms}; \
+             SET LOCAL idle_in_transaction_session_timeout = {timeout_ms}; \
+             SELECT 1 FROM {} WHERE {} FOR UPDATE",
+            self.records, self.row
+        )
+    }
+
+    /// The record completed with `value`, then `COMMIT`. When the row is
+    /// not this attempt's any more (it cannot be while the lock holds: a
+    /// guard, not a path) the division fails the transaction, the rest of
+    /// the message is skipped, and no `COMMIT` runs.
+    fn commit(&self, value: &[u8], ttl: std::time::Duration) -> String {
+        format!(
+            "WITH done AS (UPDATE {} SET state = 'completed', value = decode('{}', 'hex'), \
+             lease_end = NULL, expires_at = clock_timestamp() + {} * interval '1 microsecond' \
+             WHERE {} RETURNING 1) SELECT 1 / count(*)::int FROM done; COMMIT",
+            self.records,
+            hex(value),
+            sql::micros(ttl),
+            self.row
+        )
     }
 }
 
@@ -546,13 +428,5 @@ mod tests {
     #[test]
     fn keys_are_sent_as_hex() {
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-    }
-
-    #[test]
-    fn only_a_lost_commit_answer_is_in_doubt() {
-        let body: TxError<std::io::Error> = TxError::Body(std::io::ErrorKind::TimedOut.into());
-        assert_eq!(body.classify(), ErrorClass::NotSent, "rolled back");
-        assert_eq!(TxError::<std::io::Error>::NotHeld.classify(), ErrorClass::Conflict);
-        assert_eq!(TxError::<std::io::Error>::NoHold.classify(), ErrorClass::Definitive);
     }
 }
