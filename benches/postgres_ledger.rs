@@ -214,7 +214,7 @@ async fn raw_table(url: &str, schema: &str) -> Raw {
         update: format!("UPDATE {table} SET value = $2, state = 'completed' WHERE key = $1"),
         select: format!("SELECT state FROM {table} WHERE key = $1"),
         claim: format!("SELECT * FROM \"{schema}\".\"vt_claim\"($1, $2, $3, $4, $5, $6, $7, $8)"),
-        finish: format!("SELECT \"{schema}\".\"vt_finish\"($1, $2, $3, $4, $5, $6)"),
+        finish: format!("SELECT * FROM \"{schema}\".\"vt_finish\"($1, $2, $3, $4, $5, $6)"),
         hold: format!(
             "SELECT greatest(0, (extract(epoch FROM lease_end - clock_timestamp()) * 1000000)::bigint) \
              FROM \"{schema}\".\"vt_records\" WHERE key = $1 AND fence = $2 AND state = 'held' \
