@@ -21,11 +21,21 @@
 //!
 //! It then prints the ratio `claim_finish / floor`: of the means over every
 //! timed iteration of this run, and of the medians of interleaved pairs
-//! (robust to a machine whose load drifts); and the transactions the server
-//! committed per successful engine call (`pg_stat_database.xact_commit`
-//! before and after a batch of calls): each ledger operation is one
-//! statement, so these are its round trips. Everything it creates is in a
-//! schema of its own, dropped at the end.
+//! (robust to a machine whose load drifts); the throughput of [`TASKS`]
+//! concurrent tasks, each looping on claim + finish of fresh keys, against
+//! the same tasks looping on the raw pair (rounds in rotating order, one
+//! ratio of totals), each side on one connection its tasks share (the
+//! ledger's own, opened by `connect(url)` as a user would; the floor's one
+//! `Client`, which tokio-postgres pipelines alike); what [`Ledger::hold`]
+//! costs against a raw `SELECT` of one row by its primary key (medians of
+//! interleaved rounds); and the transactions the server committed per
+//! successful engine call (`pg_stat_database.xact_commit` before and after a
+//! batch of calls): each ledger operation is one statement, so these are its
+//! round trips. Beside the ledger and the floor, the pairs, the throughput
+//! and the hold also time the ledger's own statements sent raw on the
+//! floor's client (the functions' calls with the arguments the ledger
+//! sends): what the server costs, without the ledger's client-side code.
+//! Everything it creates is in a schema of its own, dropped at the end.
 
 use std::cell::Cell;
 use std::hint::black_box;
@@ -36,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use tokio::runtime::Runtime;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 use verified_tools::ledger::{
     ClaimRequest, Claimed, Codec, End, Ledger, PostgresLedger, Progress, Recorded, Settle,
@@ -52,6 +62,17 @@ const PAIRS: u64 = 2_000;
 
 /// Engine calls whose commits are counted.
 const COUNTED_CALLS: u64 = 1_000;
+
+/// Concurrent tasks of the throughput comparison.
+const TASKS: u64 = 8;
+
+/// Rounds of the throughput comparison: each runs the ledger, the floor
+/// and the ledger's statements sent raw once (each round in another
+/// order), for [`ROUND`] each.
+const ROUNDS: u32 = 6;
+
+/// How long each side of one throughput round runs.
+const ROUND: Duration = Duration::from_secs(2);
 
 /// A mean over the timed iterations of one benchmark.
 #[derive(Default)]
@@ -83,11 +104,16 @@ impl Recorded for Json {
     }
 }
 
-/// The floor's table and its two statements.
+/// The floor's table and its statements.
 struct Raw {
     client: Client,
     insert: String,
     update: String,
+    select: String,
+    /// The ledger's own statements (`sql.rs`), for [`functions`].
+    claim: String,
+    finish: String,
+    hold: String,
 }
 
 fn main() {
@@ -104,11 +130,11 @@ fn main() {
         .block_on(PostgresLedger::builder().with_schema(&schema).connect(&url))
         .expect("postgres answers");
     let ledger = Arc::new(ledger);
-    let raw = rt.block_on(raw_table(&url, &schema));
+    let raw = Arc::new(rt.block_on(raw_table(&url, &schema)));
 
     let mut c = Criterion::default().configure_from_args();
     let (ledger_mean, floor_mean) = (Mean::default(), Mean::default());
-    let next = AtomicU64::new(0);
+    let next = Arc::new(AtomicU64::new(0));
     let fresh = || next.fetch_add(1, Ordering::Relaxed);
     {
         let mut g = c.benchmark_group("postgres_ledger");
@@ -162,6 +188,8 @@ fn main() {
         ledger_mean.as_secs_f64() / floor_mean.as_secs_f64()
     );
     paired(&rt, &*ledger, &raw, &fresh);
+    throughput(&rt, &ledger, &raw, &next);
+    hold(&rt, &*ledger, &raw, &fresh);
     round_trips(&rt, &raw.client, &context(&ledger), &fresh);
     let dropped =
         rt.block_on(raw.client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")));
@@ -184,6 +212,14 @@ async fn raw_table(url: &str, schema: &str) -> Raw {
         client,
         insert: format!("INSERT INTO {table} (key, state) VALUES ($1, 'held')"),
         update: format!("UPDATE {table} SET value = $2, state = 'completed' WHERE key = $1"),
+        select: format!("SELECT state FROM {table} WHERE key = $1"),
+        claim: format!("SELECT * FROM \"{schema}\".\"vt_claim\"($1, $2, $3, $4, $5, $6, $7, $8)"),
+        finish: format!("SELECT * FROM \"{schema}\".\"vt_finish\"($1, $2, $3, $4, $5, $6)"),
+        hold: format!(
+            "SELECT greatest(0, (extract(epoch FROM lease_end - clock_timestamp()) * 1000000)::bigint) \
+             FROM \"{schema}\".\"vt_records\" WHERE key = $1 AND fence = $2 AND state = 'held' \
+             AND lease_end > clock_timestamp()"
+        ),
     }
 }
 
@@ -247,34 +283,202 @@ async fn call(cx: &Context, n: u64) -> ToolResult<u64, io::Error> {
 }
 
 /// The ratio again, robust to a machine whose load drifts during the run:
-/// one claim+finish and one floor, alternately first, [`PAIRS`] times; the
-/// medians of each.
+/// one claim+finish, one floor and one of the ledger's own two statements
+/// sent raw on the floor's client (`SELECT * FROM vt_claim(..)`, then
+/// `vt_finish(..)`, with the arguments the ledger sends: what the server
+/// costs without the ledger's client-side code), in rotating order,
+/// [`PAIRS`] times; the medians of each.
 fn paired(rt: &Runtime, ledger: &dyn Ledger, raw: &Raw, fresh: &dyn Fn() -> u64) {
-    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    let (mut ours, mut floor, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     rt.block_on(async {
         for i in 0..PAIRS {
-            for ledger_first in [i % 2 == 0, i % 2 != 0] {
+            for which in 0..3 {
                 let start = Instant::now();
-                if ledger_first {
-                    claim_finish(ledger, fresh()).await;
-                    ours.push(start.elapsed());
-                } else {
-                    insert_update(raw, fresh()).await;
-                    floor.push(start.elapsed());
+                match (i + which) % 3 {
+                    0 => {
+                        claim_finish(ledger, fresh()).await;
+                        ours.push(start.elapsed());
+                    }
+                    1 => {
+                        insert_update(raw, fresh()).await;
+                        floor.push(start.elapsed());
+                    }
+                    _ => {
+                        // Purging as often as the ledger's finishes do.
+                        functions(raw, fresh(), i % 32 == 0).await;
+                        direct.push(start.elapsed());
+                    }
                 }
             }
         }
     });
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let (ours, floor) = (median(&mut ours), median(&mut floor));
+    let (ours, floor, direct) = (median(ours), median(floor), median(direct));
     println!(
         "postgres_ledger: medians of {PAIRS} interleaved pairs: claim+finish {ours:?}, \
-         floor {floor:?}, ratio {:.2}",
-        ours.as_secs_f64() / floor.as_secs_f64()
+         floor {floor:?}, ratio {:.2}; the ledger's two statements sent raw {direct:?}, \
+         {:.2} the floor",
+        ours.as_secs_f64() / floor.as_secs_f64(),
+        direct.as_secs_f64() / floor.as_secs_f64()
     );
+}
+
+/// The ledger's claim and finish as statements sent raw on the floor's
+/// client: the functions' own cost, without the ledger's code around them.
+async fn functions(raw: &Raw, n: u64, purge: bool) {
+    let request = request(n);
+    let key = request.key.as_u128().to_be_bytes().to_vec();
+    let fingerprint = request.fingerprint.as_u128().to_be_bytes().to_vec();
+    let none: Option<&[u8]> = None;
+    let (lease, attempts, after_ok, settle) = (600_000_000i64, 1i64, false, 2_000_000i64);
+    let claimed = raw
+        .client
+        .query_typed(
+            &raw.claim,
+            &[
+                (&key, Type::BYTEA),
+                (&fingerprint, Type::BYTEA),
+                (&none, Type::BYTEA),
+                (&none, Type::BYTEA),
+                (&lease, Type::INT8),
+                (&attempts, Type::INT8),
+                (&after_ok, Type::BOOL),
+                (&settle, Type::INT8),
+            ],
+        )
+        .await
+        .expect("postgres answers");
+    let fence: i64 = claimed[0].get(2);
+    let value = serde_json::to_vec(&n).expect("u64 serializes");
+    let (state, ttl, purge) = ("completed", 86_400_000_000i64, if purge { 64i32 } else { 0 });
+    let finished = raw
+        .client
+        .query_typed(
+            &raw.finish,
+            &[
+                (&key, Type::BYTEA),
+                (&fence, Type::INT8),
+                (&state, Type::TEXT),
+                (&value, Type::BYTEA),
+                (&ttl, Type::INT8),
+                (&purge, Type::INT4),
+            ],
+        )
+        .await
+        .expect("postgres answers");
+    assert!(finished[0].get::<_, bool>(0), "the fence holds");
+}
+
+/// Pairs per second of [`TASKS`] tasks sharing one connection (the
+/// ledger's own, or the floor's `Client`; tokio-postgres pipelines the
+/// requests of both), each looping for [`ROUND`]: the ledger's claim +
+/// finish, the raw `INSERT` + `UPDATE`, and the ledger's two statements
+/// sent raw on the floor's client, in [`ROUNDS`] rounds (each in another
+/// order); the ratios of the totals.
+fn throughput(rt: &Runtime, ledger: &Arc<PostgresLedger>, raw: &Arc<Raw>, next: &Arc<AtomicU64>) {
+    let run = |side: u32| {
+        rt.block_on(async {
+            let deadline = Instant::now() + ROUND;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|_| {
+                    let (ledger, raw, next) =
+                        (Arc::clone(ledger), Arc::clone(raw), Arc::clone(next));
+                    tokio::spawn(async move {
+                        let mut done = 0u64;
+                        while Instant::now() < deadline {
+                            let n = next.fetch_add(1, Ordering::Relaxed);
+                            match side {
+                                0 => claim_finish(&*ledger, n).await,
+                                1 => insert_update(&raw, n).await,
+                                _ => functions(&raw, n, n % 32 == 0).await,
+                            }
+                            done += 1;
+                        }
+                        done
+                    })
+                })
+                .collect();
+            let mut done = 0;
+            for task in tasks {
+                done += task.await.expect("a throughput task");
+            }
+            done
+        })
+    };
+    let mut totals = [0u64; 3];
+    for round in 0..ROUNDS {
+        for which in 0..3 {
+            let side = (round + which) % 3;
+            totals[side as usize] += run(side);
+        }
+    }
+    let per_second = |pairs: u64| pairs as f64 / (ROUND * ROUNDS).as_secs_f64();
+    let [ours, floor, direct] = totals.map(per_second);
+    println!(
+        "postgres_ledger: throughput of {TASKS} tasks on one shared connection ({ROUNDS} \
+         rounds of {ROUND:?}): claim+finish {ours:.0}/s, floor {floor:.0}/s, ratio {:.2}; \
+         the ledger's two statements sent raw {direct:.0}/s, {:.2} the floor",
+        ours / floor,
+        direct / floor
+    );
+}
+
+/// What asking [`Ledger::hold`] costs against a raw round trip reading a
+/// row of the floor's table by its primary key (`SELECT`), and the
+/// ledger's own `hold` statement sent raw on the floor's client: medians of
+/// [`PAIRS`] interleaved rounds on a held key, in rotating order.
+fn hold(rt: &Runtime, ledger: &dyn Ledger, raw: &Raw, fresh: &dyn Fn() -> u64) {
+    let raw_key = request(fresh()).key.as_u128().to_be_bytes().to_vec();
+    let request = request(fresh());
+    let key = request.key.as_u128().to_be_bytes().to_vec();
+    let (ours, floor, direct) = rt.block_on(async {
+        let Claimed::Fresh(fence) = ledger.claim(request).await.expect("postgres answers").state
+        else {
+            panic!("a fresh key")
+        };
+        let fence_value = i64::try_from(fence.0).expect("a fence fits");
+        let inserted = raw.client.query_typed(&raw.insert, &[(&raw_key, Type::BYTEA)]).await;
+        inserted.expect("a fresh raw key");
+        let (mut ours, mut floor, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..PAIRS {
+            for which in 0..3 {
+                let start = Instant::now();
+                match (i + which) % 3 {
+                    0 => {
+                        let left = ledger.hold(request.key, fence).await.expect("postgres answers");
+                        ours.push(start.elapsed());
+                        assert!(left.is_some(), "the key is held");
+                    }
+                    1 => {
+                        let params: &[(&(dyn ToSql + Sync), Type)] = &[(&raw_key, Type::BYTEA)];
+                        let rows = raw.client.query_typed(&raw.select, params).await;
+                        floor.push(start.elapsed());
+                        assert_eq!(rows.expect("postgres answers").len(), 1, "the row is there");
+                    }
+                    _ => {
+                        let params: &[(&(dyn ToSql + Sync), Type)] =
+                            &[(&key, Type::BYTEA), (&fence_value, Type::INT8)];
+                        let rows = raw.client.query_typed(&raw.hold, params).await;
+                        direct.push(start.elapsed());
+                        assert_eq!(rows.expect("postgres answers").len(), 1, "the key is held");
+                    }
+                }
+            }
+        }
+        ledger.finish(request.key, fence, End::Settled).await.expect("postgres answers");
+        (ours, floor, direct)
+    });
+    let (ours, floor, direct) = (median(ours), median(floor), median(direct));
+    println!(
+        "postgres_ledger: medians of {PAIRS} interleaved rounds: hold {ours:?}, raw SELECT \
+         {floor:?}, ratio {:.2}; the hold's statement sent raw {direct:?}, {:.2} the SELECT",
+        ours.as_secs_f64() / floor.as_secs_f64(),
+        direct.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
 /// Counts the transactions the server commits per successful engine call.
