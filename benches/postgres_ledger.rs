@@ -35,6 +35,11 @@
 //! and the hold also time the ledger's own statements sent raw on the
 //! floor's client (the functions' calls with the arguments the ledger
 //! sends): what the server costs, without the ledger's client-side code.
+//! And a transactional tool's call (`PostgresLedger::transact`: its claim,
+//! then one transaction with an `INSERT` and the record's completion)
+//! against the raw transaction it wraps (`BEGIN`, `INSERT`, `COMMIT`, as
+//! tokio-postgres' `Transaction` sends them), each on a client of its own,
+//! medians of interleaved pairs.
 //! Everything it creates is in a schema of its own, dropped at the end.
 
 use std::cell::Cell;
@@ -49,7 +54,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 use verified_tools::ledger::{
-    ClaimRequest, Claimed, Codec, End, Ledger, PostgresLedger, Progress, Recorded, Settle,
+    ClaimRequest, Claimed, Codec, End, Ledger, PostgresLedger, Progress, Recorded, Settle, TxError,
 };
 use verified_tools::{
     Context, IdempotencyKey, PayloadDigest, RetryPolicy, SideEffect, ToolResult, ToolSpec, engine,
@@ -190,6 +195,7 @@ fn main() {
     paired(&rt, &*ledger, &raw, &fresh);
     throughput(&rt, &ledger, &raw, &next);
     hold(&rt, &*ledger, &raw, &fresh);
+    transactional(&rt, &ledger, &url, &schema, &fresh);
     round_trips(&rt, &raw.client, &context(&ledger), &fresh);
     let dropped =
         rt.block_on(raw.client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")));
@@ -474,6 +480,71 @@ fn hold(rt: &Runtime, ledger: &dyn Ledger, raw: &Raw, fresh: &dyn Fn() -> u64) {
         ours.as_secs_f64() / floor.as_secs_f64(),
         direct.as_secs_f64() / floor.as_secs_f64()
     );
+}
+
+static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::High);
+
+type Paid = ToolResult<(), TxError<tokio_postgres::Error>>;
+
+/// A transactional call against the raw transaction it wraps, [`PAIRS`]
+/// interleaved pairs, each side on a client of its own.
+fn transactional(
+    rt: &Runtime,
+    ledger: &PostgresLedger,
+    url: &str,
+    schema: &str,
+    fresh: &dyn Fn() -> u64,
+) {
+    let table = format!("\"{schema}\".payments");
+    let (mut ours, mut theirs) = rt.block_on(async {
+        let (ours, theirs) = (connect(url).await, connect(url).await);
+        let create = format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, n bigint NOT NULL)");
+        ours.batch_execute(&create).await.expect("the payments table");
+        (ours, theirs)
+    });
+    let insert = format!("INSERT INTO {table} (n) VALUES ($1)");
+    let insert = insert.as_str();
+    let cx = Context::new("bench-agent");
+    let (mut with_tool, mut raw) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for i in 0..PAIRS {
+            for tool_first in [i % 2 == 0, i % 2 != 0] {
+                let n = fresh();
+                let value = i64::try_from(n).unwrap_or(i64::MAX);
+                let start = Instant::now();
+                if tool_first {
+                    let cx = cx.for_step("pay", n);
+                    let paid: Paid = ledger
+                        .transact(&cx, &PAY, &mut ours, &n, &n, |tx| {
+                            Box::pin(async move {
+                                tx.execute(insert, &[&value]).await?;
+                                Ok(())
+                            })
+                        })
+                        .await;
+                    with_tool.push(start.elapsed());
+                    assert!(paid.is_success(), "{paid:?}");
+                } else {
+                    let tx = theirs.transaction().await.expect("BEGIN");
+                    tx.execute(insert, &[&value]).await.expect("INSERT");
+                    tx.commit().await.expect("COMMIT");
+                    raw.push(start.elapsed());
+                }
+            }
+        }
+    });
+    let (ours, floor) = (median(with_tool), median(raw));
+    println!(
+        "postgres_ledger: medians of {PAIRS} interleaved pairs: a transactional call {ours:?}, \
+         raw BEGIN + INSERT + COMMIT {floor:?}, ratio {:.2}",
+        ours.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("postgres answers");
+    tokio::spawn(connection);
+    client
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
