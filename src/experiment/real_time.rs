@@ -7,6 +7,7 @@ use std::time::Duration;
 use verified_tools::IdempotencyKey;
 use verified_tools::ledger::{
     Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, Recorded,
+    StoreError,
 };
 
 /// A store's ledger seen from the experiment's paused-time runtimes. Paused
@@ -43,9 +44,9 @@ impl<L: Ledger + 'static> RealTime<L> {
     {
         let (ledger, rt) = (Arc::clone(&self.ledger), Arc::clone(&self.rt));
         LedgerFuture::boxed(async move {
-            tokio::task::spawn_blocking(move || rt.block_on(op(ledger)))
-                .await
-                .unwrap_or_else(|e| Err(LedgerError::Unavailable(e.to_string())))
+            tokio::task::spawn_blocking(move || rt.block_on(op(ledger))).await.unwrap_or_else(|e| {
+                Err(LedgerError::Unavailable(StoreError::with_source(e.to_string(), e)))
+            })
         })
     }
 }

@@ -126,6 +126,7 @@
 //! ([`CallError::Ledger`](crate::CallError::Ledger)).
 
 mod codec;
+mod error;
 #[cfg(feature = "ledger-kit")]
 pub mod kit;
 mod memory;
@@ -147,6 +148,7 @@ use std::time::Duration;
 use crate::{IdempotencyKey, PayloadDigest};
 
 pub use codec::{Codec, CodecProbe, SerdeCodec, UnrecordedCodec};
+pub use error::StoreError;
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresLedger, PostgresLedgerBuilder, Tx, TxError, TxFuture, TxStage};
@@ -307,9 +309,11 @@ impl fmt::Debug for End<'_> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LedgerError {
-    /// The store could not be reached or did not answer.
+    /// The store could not be reached or did not answer. The
+    /// [`StoreError`] keeps the store client's own error, if any, as its
+    /// source (reached by this error's [`source`](std::error::Error::source)).
     #[error("the ledger's store is unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] StoreError),
     /// The hold's fence is no longer the key's: another call took the key
     /// over after the lease ended.
     #[error("the hold on this key was taken over by a later call (fence {0})")]
@@ -317,9 +321,10 @@ pub enum LedgerError {
     /// The ledger is at its record cap and every record is in doubt or held.
     #[error("the ledger is full: {0} records, none of them evictable")]
     Full(usize),
-    /// A record could not be read back.
+    /// A record could not be read back. The [`StoreError`] keeps the error
+    /// beneath, if any, as its source.
     #[error("a ledger record is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(#[source] StoreError),
     /// The backend does not offer this operation (an operator's listing or
     /// resolution on a ledger that cannot enumerate its records).
     #[error("this ledger does not support {0}")]

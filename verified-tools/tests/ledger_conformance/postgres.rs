@@ -293,7 +293,9 @@ async fn a_schema_made_by_a_migration_is_used_and_its_version_checked() {
     // Without the schema, and told not to create it: refused, saying how.
     let refused = names.clone().with_schema_creation(false).connect(&url).await;
     match &refused {
-        Err(LedgerError::Unavailable(why)) => assert!(why.contains("schema_sql"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => {
+            assert!(why.message().contains("schema_sql"), "{why}")
+        }
         other => panic!("a missing schema is refused, got {other:?}"),
     }
     // The migration: the DDL as the docs give it, run twice (idempotent).
@@ -309,7 +311,9 @@ async fn a_schema_made_by_a_migration_is_used_and_its_version_checked() {
     admin.batch_execute(&format!("DROP TABLE {}", table(&ledger))).await.unwrap();
     assert!(unavailable(&ledger.claim(request(k(1), fp(1))).await));
     match names.clone().with_schema_creation(false).connect(&url).await {
-        Err(LedgerError::Unavailable(why)) => assert!(why.contains("incomplete"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => {
+            assert!(why.message().contains("incomplete"), "{why}")
+        }
         other => panic!("an incomplete schema is refused, got {other:?}"),
     }
     let again = names.clone().connect(&url).await.expect("the table is made again");
@@ -323,7 +327,7 @@ async fn a_schema_made_by_a_migration_is_used_and_its_version_checked() {
     );
     admin.batch_execute(&version).await.unwrap();
     match names.connect(&url).await {
-        Err(LedgerError::Unavailable(why)) => assert!(why.contains("version 2"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => assert!(why.message().contains("version 2"), "{why}"),
         other => panic!("a newer schema is refused, got {other:?}"),
     }
 }
@@ -333,7 +337,7 @@ async fn bad_names_and_unreachable_servers_fail_closed_at_once() {
     // No server needed: nothing here reaches one.
     let bad = PostgresLedger::builder().with_prefix("vt\"; DROP TABLE x; --");
     match bad.connect("postgres://postgres@127.0.0.1:1/postgres").await {
-        Err(LedgerError::Unavailable(why)) => assert!(why.contains("prefix"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => assert!(why.message().contains("prefix"), "{why}"),
         other => panic!("a prefix that cannot be quoted is refused, got {other:?}"),
     }
     let bad = PostgresLedger::builder().with_schema("");
@@ -484,7 +488,7 @@ async fn a_server_that_does_not_answer_fails_closed_and_the_late_claim_holds_not
     let started = Instant::now();
     let claim = ledger.claim(request(key, fp(1))).await;
     match &claim {
-        Err(LedgerError::Unavailable(why)) => assert!(why.contains("no answer"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => assert!(why.message().contains("no answer"), "{why}"),
         other => panic!("a claim that gets no answer fails closed, got {other:?}"),
     }
     assert!(started.elapsed() < FAILS_WITHIN, "failed after {:?}", started.elapsed());
@@ -637,6 +641,45 @@ async fn the_engine_on_a_pool_replays_and_refuses_calls_while_it_lends_nothing()
     pool.down.store(false, Ordering::SeqCst);
     assert!(matches!(call(2).await, ToolResult::Success { value: 2, .. }));
     assert_eq!(invoices.dispatched(), 2);
+}
+
+/// The `tokio_postgres::Error` beneath a ledger error, reached by `source()`.
+fn pg_source(error: &LedgerError) -> &tokio_postgres::Error {
+    let store = std::error::Error::source(error).expect("the StoreError");
+    let pg = store.source().expect("tokio-postgres' error, kept");
+    pg.downcast_ref::<tokio_postgres::Error>().expect("a tokio_postgres::Error")
+}
+
+/// `url` naming the database `dbname` instead of its own.
+fn with_dbname(url: &str, dbname: &str) -> String {
+    for scheme in ["postgres://", "postgresql://"] {
+        if let Some(rest) = url.strip_prefix(scheme) {
+            let (rest, query) = rest.split_once('?').map_or((rest, ""), |(r, q)| (r, q));
+            let authority = rest.split_once('/').map_or(rest, |(a, _)| a);
+            let query = if query.is_empty() { String::new() } else { format!("?{query}") };
+            return format!("{scheme}{authority}/{dbname}{query}");
+        }
+    }
+    format!("{url} dbname={dbname}")
+}
+
+#[tokio::test]
+async fn failures_keep_tokio_postgres_error_as_their_source() {
+    // Refused before any server is asked: tokio-postgres reads no port.
+    let error = names().connect("postgres://localhost:no-port/db").await.expect_err("a bad URL");
+    assert!(matches!(error, LedgerError::Unavailable(_)), "{error:?}");
+    let pg = pg_source(&error);
+    assert!(pg.as_db_error().is_none(), "{pg:?}");
+    assert!(error.to_string().starts_with("the ledger's store is unavailable: postgres: "));
+
+    // The server's refusal, SQLSTATE and all: a database that does not exist.
+    let Some(url) = server() else { return };
+    let nowhere = with_dbname(&url, "vt_no_such_database");
+    let error = names().connect(&nowhere).await.expect_err("no such database");
+    assert!(matches!(error, LedgerError::Unavailable(_)), "{error:?}");
+    let pg = pg_source(&error);
+    assert_eq!(pg.code(), Some(&tokio_postgres::error::SqlState::INVALID_CATALOG_NAME), "{pg:?}");
+    assert!(error.to_string().contains("3D000"), "{error}");
 }
 
 // ---------------------------------------------------------------- the operator's door

@@ -574,7 +574,7 @@ async fn files_that_are_not_ledgers_are_refused_typed() {
     raw(&foreign).execute_batch("CREATE TABLE invoices (id INTEGER)").unwrap();
     let opened = SqliteLedger::open(foreign.path());
     assert!(
-        matches!(&opened, Err(LedgerError::Unavailable(m)) if m.contains("another application"))
+        matches!(&opened, Err(LedgerError::Unavailable(m)) if m.message().contains("another application"))
     );
 
     // A record that cannot be read back.
@@ -589,6 +589,39 @@ async fn files_that_are_not_ledgers_are_refused_typed() {
     .unwrap();
     let claimed = ledger.claim(request(k(1), fp(1))).await;
     assert!(matches!(claimed, Err(LedgerError::Corrupt(_))), "{claimed:?}");
+}
+
+/// The `rusqlite::Error` beneath a ledger error, reached by `source()`.
+fn sqlite_source(error: &LedgerError) -> &rusqlite::Error {
+    let store = std::error::Error::source(error).expect("the StoreError");
+    let sqlite = store.source().expect("SQLite's error, kept");
+    sqlite.downcast_ref::<rusqlite::Error>().expect("a rusqlite::Error")
+}
+
+#[tokio::test]
+async fn failures_keep_sqlites_error_as_their_source() {
+    use rusqlite::ErrorCode;
+
+    let missing = std::env::temp_dir().join("verified-tools-no-such-dir/ledger.db");
+    let error = SqliteLedger::open(&missing).expect_err("no such directory");
+    assert!(matches!(error, LedgerError::Unavailable(_)), "{error:?}");
+    assert_eq!(sqlite_source(&error).sqlite_error_code(), Some(ErrorCode::CannotOpen));
+    // The message reads as before: the path, then SQLite's words.
+    let prefix = format!("the ledger's store is unavailable: {}: ", missing.display());
+    assert!(error.to_string().starts_with(&prefix), "{error}");
+
+    let garbage = TempDb::new("garbage-source");
+    std::fs::write(garbage.path(), vec![0x5a; 4096]).unwrap();
+    let error = SqliteLedger::open(garbage.path()).expect_err("not a database");
+    assert!(matches!(error, LedgerError::Corrupt(_)), "{error:?}");
+    assert_eq!(sqlite_source(&error).sqlite_error_code(), Some(ErrorCode::NotADatabase));
+
+    // A refusal of the ledger's own has no error beneath it.
+    let foreign = TempDb::new("foreign-source");
+    raw(&foreign).execute_batch("CREATE TABLE invoices (id INTEGER)").unwrap();
+    let error = SqliteLedger::open(foreign.path()).expect_err("another application's");
+    let store = std::error::Error::source(&error).expect("the StoreError");
+    assert!(store.source().is_none(), "{error:?}");
 }
 
 // ---------------------------------------------------------------- child processes

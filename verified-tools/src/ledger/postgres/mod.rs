@@ -29,7 +29,7 @@ use tokio_postgres::{Client, Config, NoTls, Row, Socket};
 use self::sql::{PURGE_BATCH, PURGE_EVERY, SCHEMA_VERSION, Statements};
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Resolution,
+    RecordState, RecordView, Resolution, StoreError,
 };
 use crate::IdempotencyKey;
 
@@ -354,9 +354,8 @@ impl PostgresLedgerBuilder {
         T::TlsConnect: Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
-        let mut config: Config = url
-            .parse()
-            .map_err(|e| LedgerError::Unavailable(format!("postgres: {}", describe(&e))))?;
+        let mut config: Config =
+            url.parse().map_err(|e| LedgerError::Unavailable(kept("postgres: ", e)))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(self.timeout);
         }
@@ -666,9 +665,7 @@ enum Failure {
 impl Failure {
     fn into_ledger(self) -> LedgerError {
         match self {
-            Failure::Pg(error) => {
-                LedgerError::Unavailable(format!("postgres: {}", describe(&error)))
-            }
+            Failure::Pg(error) => LedgerError::Unavailable(kept("postgres: ", error)),
             Failure::Ledger(error) => error,
         }
     }
@@ -690,6 +687,11 @@ fn describe(error: &tokio_postgres::Error) -> String {
     }
 }
 
+/// `error`, described after `what` (see [`describe`]), kept as the source.
+fn kept(what: &str, error: tokio_postgres::Error) -> StoreError {
+    StoreError::with_source(format!("{what}{}", describe(&error)), error)
+}
+
 /// Whether the connection cannot be trusted with the next request: a
 /// client-side failure (I/O, a message it could not read) or a server error
 /// that ends the session.
@@ -700,7 +702,7 @@ fn broken(error: &tokio_postgres::Error) -> bool {
 }
 
 fn no_answer(after: Duration) -> LedgerError {
-    LedgerError::Unavailable(format!("postgres: no answer within {after:?}"))
+    LedgerError::Unavailable(format!("postgres: no answer within {after:?}").into())
 }
 
 /// The first column of the first row.
@@ -710,9 +712,9 @@ fn first<T: for<'a> tokio_postgres::types::FromSql<'a>>(
 ) -> Result<T, LedgerError> {
     let row = rows
         .first()
-        .ok_or_else(|| LedgerError::Corrupt(format!("postgres: {what} answered no row")))?;
+        .ok_or_else(|| LedgerError::Corrupt(format!("postgres: {what} answered no row").into()))?;
     row.try_get(0)
-        .map_err(|e| LedgerError::Corrupt(format!("postgres: {what} answered {}", describe(&e))))
+        .map_err(|e| LedgerError::Corrupt(kept(&format!("postgres: {what} answered "), e)))
 }
 
 // ---------------------------------------------------------------- operations
@@ -740,9 +742,9 @@ impl Inner {
             }
             Source::Given(client) => Ok(Lent::Shared(Arc::clone(client))),
             Source::Pool(pool) => pool.get().await.map_err(|e| {
-                Failure::Ledger(LedgerError::Unavailable(format!(
-                    "postgres: the pool lent no connection: {e}"
-                )))
+                Failure::Ledger(LedgerError::Unavailable(
+                    format!("postgres: the pool lent no connection: {e}").into(),
+                ))
             }),
         }
     }
@@ -831,11 +833,14 @@ impl Inner {
         };
         if !create {
             let what = if incomplete { "an incomplete" } else { "no" };
-            return Err(LedgerError::Unavailable(format!(
-                "postgres: {what} ledger schema in \"{}\" with the prefix \"{}\": create it \
+            return Err(LedgerError::Unavailable(
+                format!(
+                    "postgres: {what} ledger schema in \"{}\" with the prefix \"{}\": create it \
                  (PostgresLedgerBuilder::schema_sql) or let the ledger create it",
-                self.schema, self.prefix
-            )));
+                    self.schema, self.prefix
+                )
+                .into(),
+            ));
         }
         let ddl = sql::schema_sql(&self.schema, &self.prefix);
         // Creating waits for the advisory lock of another process creating
@@ -857,11 +862,14 @@ impl Inner {
         }
         match self.schema_version().await.map_err(Failure::into_ledger)? {
             Some(version) => self.known(version),
-            None => Err(LedgerError::Unavailable(format!(
-                "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is still \
+            None => Err(LedgerError::Unavailable(
+                format!(
+                    "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is still \
                  incomplete after creating it",
-                self.schema, self.prefix
-            ))),
+                    self.schema, self.prefix
+                )
+                .into(),
+            )),
         }
     }
 
@@ -878,7 +886,7 @@ impl Inner {
             "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is version {version}; \
              this build knows version {SCHEMA_VERSION}",
             self.schema, self.prefix
-        )))
+        ).into()))
     }
 
     async fn claim(
@@ -1102,9 +1110,8 @@ impl Ledger for PostgresLedger {
             let params: &Params<'_> = &[(&bytes, Type::BYTEA), (&fence, Type::INT8)];
             let rows = self.inner.query(&self.inner.sql.hold, params).await?;
             let Some(row) = rows.first() else { return Ok(None) };
-            let left: i64 = row
-                .try_get(0)
-                .map_err(|e| LedgerError::Corrupt(format!("postgres: a hold: {}", describe(&e))))?;
+            let left: i64 =
+                row.try_get(0).map_err(|e| LedgerError::Corrupt(kept("postgres: a hold: ", e)))?;
             Ok(Some(Duration::from_micros(u64::try_from(left).unwrap_or(0))))
         })
     }
@@ -1117,9 +1124,8 @@ impl Ledger for PostgresLedger {
             let row = rows.first().ok_or_else(|| {
                 LedgerError::Corrupt("postgres: reading a record answered no row".into())
             })?;
-            let get = |e: tokio_postgres::Error| {
-                LedgerError::Corrupt(format!("postgres: a record: {}", describe(&e)))
-            };
+            let get =
+                |e: tokio_postgres::Error| LedgerError::Corrupt(kept("postgres: a record: ", e));
             let Some(state) = row.try_get::<_, Option<String>>(0).map_err(get)? else {
                 return Ok(None);
             };
@@ -1139,7 +1145,7 @@ impl Ledger for PostgresLedger {
             let limit = i32::try_from(limit).unwrap_or(i32::MAX);
             let rows = self.inner.query(&self.inner.sql.in_doubt, &[(&limit, Type::INT4)]).await?;
             let get = |e: tokio_postgres::Error| {
-                LedgerError::Corrupt(format!("postgres: a record in doubt: {}", describe(&e)))
+                LedgerError::Corrupt(kept("postgres: a record in doubt: ", e))
             };
             rows.iter()
                 .map(|row| {

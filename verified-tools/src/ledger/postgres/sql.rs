@@ -50,15 +50,18 @@ const MAX_MICROS: u64 = 1 << 50;
 pub(super) fn check_names(schema: &str, prefix: &str) -> Result<(), LedgerError> {
     let plain = |name: &str| name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if schema.is_empty() || schema.len() > 63 || !plain(schema) {
-        return Err(LedgerError::Unavailable(format!(
-            "postgres: the schema name {schema:?} is not 1 to 63 letters, digits or underscores"
-        )));
+        return Err(LedgerError::Unavailable(
+            format!(
+                "postgres: the schema name {schema:?} is not 1 to 63 letters, digits or underscores"
+            )
+            .into(),
+        ));
     }
     if prefix.len() + LONGEST_SUFFIX > 63 || !plain(prefix) {
         return Err(LedgerError::Unavailable(format!(
             "postgres: the table prefix {prefix:?} is not up to {} letters, digits or underscores",
             63 - LONGEST_SUFFIX
-        )));
+        ).into()));
     }
     Ok(())
 }
@@ -173,7 +176,7 @@ pub(super) fn fence_arg(fence: Fence) -> i64 {
 // ---------------------------------------------------------------- answers
 
 fn corrupt(what: &str) -> LedgerError {
-    LedgerError::Corrupt(format!("postgres: {what}"))
+    LedgerError::Corrupt(format!("postgres: {what}").into())
 }
 
 /// The answer of `claim()`, as its columns hold it.

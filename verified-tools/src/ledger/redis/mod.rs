@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Replay, Resolution, Settle,
+    RecordState, RecordView, Replay, Resolution, Settle, StoreError,
 };
 use crate::{IdempotencyKey, PayloadDigest};
 use scripts::{
@@ -451,7 +451,7 @@ where
     let mut last = None;
     loop {
         let error = match timeout_at(deadline, op()).await {
-            Err(_) => return Err(no_answer(budget, last.as_ref())),
+            Err(_) => return Err(no_answer(budget, last.take())),
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) if transient(&error) => error,
             Ok(Err(error)) => return Err(unavailable(error)),
@@ -530,21 +530,25 @@ fn bound(timeout: Duration) -> Duration {
     timeout.saturating_mul(2)
 }
 
+/// Redis failed: the [`RedisError`] is kept as the error's source.
 fn unavailable(error: RedisError) -> LedgerError {
-    LedgerError::Unavailable(format!("redis: {error}"))
+    LedgerError::Unavailable(StoreError::with_source(format!("redis: {error}"), error))
 }
 
-fn no_answer(after: Duration, last: Option<&RedisError>) -> LedgerError {
-    match last {
-        Some(error) => {
-            LedgerError::Unavailable(format!("redis: {error} (still failing after {after:?})"))
-        }
-        None => LedgerError::Unavailable(format!("redis: no answer within {after:?}")),
-    }
+/// No answer within `after`: the last transient failure, if any, is kept as
+/// the error's source.
+fn no_answer(after: Duration, last: Option<RedisError>) -> LedgerError {
+    LedgerError::Unavailable(match last {
+        Some(error) => StoreError::with_source(
+            format!("redis: {error} (still failing after {after:?})"),
+            error,
+        ),
+        None => format!("redis: no answer within {after:?}").into(),
+    })
 }
 
 fn corrupt(what: &str, reply: &Value) -> LedgerError {
-    LedgerError::Corrupt(format!("redis: unexpected {what} reply {reply:?}"))
+    LedgerError::Corrupt(format!("redis: unexpected {what} reply {reply:?}").into())
 }
 
 /// A duration in µs, rounded up (a lease or settle time is never shortened),
@@ -919,6 +923,31 @@ impl Ledger for RedisLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The client's own error, reached through the `LedgerError`'s source.
+    fn redis_source(error: &LedgerError) -> &RedisError {
+        let store = std::error::Error::source(error).expect("the StoreError");
+        let redis = store.source().expect("the client's error, kept");
+        redis.downcast_ref::<RedisError>().expect("a RedisError")
+    }
+
+    #[tokio::test]
+    async fn a_failure_keeps_the_redis_error_as_its_source() {
+        // Refused before any connection: the client reads no URL in it.
+        let error = RedisLedger::connect("not a redis url").await.expect_err("not a URL");
+        assert!(matches!(error, LedgerError::Unavailable(_)), "{error:?}");
+        assert_eq!(redis_source(&error).kind(), ErrorKind::InvalidClientConfig);
+        assert!(error.to_string().starts_with("the ledger's store is unavailable: redis: "));
+
+        // A port nobody listens on: the connection is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("redis://127.0.0.1:{port}/");
+        let error = RedisLedger::connect_with_timeout(&url, Duration::from_secs(5))
+            .await
+            .expect_err("nothing listens");
+        let redis = redis_source(&error);
+        assert!(redis.is_connection_refusal() || redis.is_io_error(), "{redis:?}");
+    }
 
     #[test]
     fn durations_round_up_and_are_capped() {

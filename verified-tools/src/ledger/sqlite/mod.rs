@@ -22,7 +22,7 @@ use tokio::runtime::Handle;
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Recorded, Replay, Resolution, Settle,
+    RecordState, RecordView, Recorded, Replay, Resolution, Settle, StoreError,
 };
 use crate::IdempotencyKey;
 
@@ -388,7 +388,8 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, LedgerError> {
     match Handle::try_current() {
         Ok(handle) => handle.spawn_blocking(task).await.unwrap_or_else(|error| {
-            Err(LedgerError::Unavailable(format!("the ledger's SQLite thread failed: {error}")))
+            let message = format!("the ledger's SQLite thread failed: {error}");
+            Err(LedgerError::Unavailable(StoreError::with_source(message, error)))
         }),
         Err(_) => task(),
     }

@@ -59,7 +59,7 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, pa
 
 use super::{
     Claim, ClaimRequest, Claimed, Fence, LedgerError, Progress, RecordState, RecordView, Replay,
-    Resolution, Settle,
+    Resolution, Settle, StoreError,
 };
 use super::{Undo, Waiter, lock};
 use crate::{IdempotencyKey, PayloadDigest};
@@ -141,9 +141,9 @@ pub(super) fn connect_once(path: &Path) -> Result<Connection, Failure> {
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?
     };
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Failure::Ledger(LedgerError::Unavailable(format!(
-            "the file cannot be put in WAL mode (journal mode {mode})"
-        ))));
+        return Err(Failure::Ledger(LedgerError::Unavailable(
+            format!("the file cannot be put in WAL mode (journal mode {mode})").into(),
+        )));
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -173,7 +173,9 @@ pub(super) fn connect_once(path: &Path) -> Result<Connection, Failure> {
 }
 
 pub(super) fn unusable(why: &str) -> Failure {
-    Failure::Ledger(LedgerError::Unavailable(format!("not a usable verified-tools ledger: {why}")))
+    Failure::Ledger(LedgerError::Unavailable(
+        format!("not a usable verified-tools ledger: {why}").into(),
+    ))
 }
 
 /// Why an operation failed, before the file's path is added.
@@ -189,13 +191,16 @@ impl From<rusqlite::Error> for Failure {
 }
 
 impl Failure {
+    /// The [`LedgerError`], its message preceded by the file's path; an
+    /// SQLite error is kept as its source.
     pub(super) fn at(self, path: &Path) -> LedgerError {
-        let error = match self {
-            Failure::Ledger(LedgerError::Unavailable(why)) => why,
-            Failure::Ledger(LedgerError::Corrupt(why)) => {
-                return LedgerError::Corrupt(format!("{}: {why}", path.display()));
+        let path = path.display();
+        match self {
+            Failure::Ledger(LedgerError::Unavailable(why)) => {
+                LedgerError::Unavailable(why.prefixed(path))
             }
-            Failure::Ledger(other) => return other,
+            Failure::Ledger(LedgerError::Corrupt(why)) => LedgerError::Corrupt(why.prefixed(path)),
+            Failure::Ledger(other) => other,
             Failure::Sql(error) => {
                 let corrupt = match &error {
                     rusqlite::Error::SqliteFailure(e, _) => {
@@ -206,18 +211,15 @@ impl Failure {
                     | rusqlite::Error::InvalidColumnType(..) => true,
                     _ => false,
                 };
-                if corrupt {
-                    return LedgerError::Corrupt(format!("{}: {error}", path.display()));
-                }
-                error.to_string()
+                let kept = StoreError::with_source(format!("{path}: {error}"), error);
+                if corrupt { LedgerError::Corrupt(kept) } else { LedgerError::Unavailable(kept) }
             }
-        };
-        LedgerError::Unavailable(format!("{}: {error}", path.display()))
+        }
     }
 }
 
 pub(super) fn corrupt(why: &str) -> Failure {
-    Failure::Ledger(LedgerError::Corrupt(why.to_owned()))
+    Failure::Ledger(LedgerError::Corrupt(why.into()))
 }
 
 // ---------------------------------------------------------------- records
@@ -457,7 +459,9 @@ fn commit_for(
     if matches!(*lock(cancel), Waiter::Cancelled) {
         // The caller is gone: nobody would learn what this wrote.
         drop(tx);
-        return Err(Failure::Ledger(LedgerError::Unavailable(format!("the {what} was cancelled"))));
+        return Err(Failure::Ledger(LedgerError::Unavailable(
+            format!("the {what} was cancelled").into(),
+        )));
     }
     tx.commit()?;
     let mut waiter = lock(cancel);
