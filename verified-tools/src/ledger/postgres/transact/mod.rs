@@ -6,16 +6,16 @@
 //! Why it is exactly once, for the maintainers. The transaction's first
 //! statement locks the call's record row, and only while this call still
 //! holds the key under its fence and attempt number; its last marks the
-//! record completed. (The body's statements follow the opening message
-//! without waiting for its answer; they run inside the transaction it
-//! began, and `COMMIT` is sent only once that answer said "held".) `COMMIT` goes out only after that last statement has
-//! answered, so a transaction that may still commit always holds the row
-//! lock. The verifier reads the record with `FOR SHARE`, which waits for
-//! such a transaction: what it reads is final. A holder paused past its
-//! lease cannot commit either: the call that takes the key over changes the
-//! fence (waiting for the lock, which the server frees once the paused
-//! session has idled past its attempt's deadline), and the paused
-//! transaction's lock or completion then matches no row.
+//! record completed. The body's statements follow the opening message
+//! without waiting for its answer (they run inside the transaction it
+//! began); `COMMIT` goes out only once that answer said "held", and in the
+//! same message as the completion, so a transaction that may still commit
+//! always holds the row lock. The verifier reads the record with
+//! `FOR SHARE`, which waits for such a transaction: what it reads is final.
+//! A holder paused past its lease cannot commit either: the call that takes
+//! the key over changes the fence (waiting for the lock, which the server
+//! frees once the paused session has idled past its attempt's deadline),
+//! and the paused transaction's completion then matches no row.
 
 use std::fmt;
 use std::future::Future;
