@@ -196,7 +196,7 @@ async fn lock_row(admin: &Client, ledger: &PostgresLedger, key: IdempotencyKey) 
 
 /// The server process of the ledger's session that waits for a row lock.
 async fn waiting_backend(admin: &Client, ledger: &PostgresLedger) -> i32 {
-    let pattern = format!("%\"{}claim\"%", ledger.prefix());
+    let pattern = format!("%\"{}claim\"%", like(ledger.prefix()));
     let started = Instant::now();
     loop {
         let rows = admin
@@ -215,10 +215,16 @@ async fn waiting_backend(admin: &Client, ledger: &PostgresLedger) -> i32 {
     }
 }
 
+/// `name` as a `LIKE` pattern matches it: its `_` (a wildcard there)
+/// escaped, so that test `t1_` does not match the sessions of `t10_`..`t19_`.
+fn like(name: &str) -> String {
+    name.replace('_', "\\_")
+}
+
 /// Ends the server sessions whose last statement called this ledger's
 /// functions, other than `admin`'s own; answers how many.
 async fn terminate_sessions(admin: &Client, ledger: &PostgresLedger) -> i64 {
-    let pattern = format!("%\"{}\".\"{}%", ledger.schema(), ledger.prefix());
+    let pattern = format!("%\"{}\".\"{}%", like(ledger.schema()), like(ledger.prefix()));
     let rows = admin
         .query(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
