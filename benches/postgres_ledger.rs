@@ -35,11 +35,15 @@
 //! and the hold also time the ledger's own statements sent raw on the
 //! floor's client (the functions' calls with the arguments the ledger
 //! sends): what the server costs, without the ledger's client-side code.
-//! And a transactional tool's call (`PostgresLedger::transact`: its claim,
-//! then one transaction with an `INSERT` and the record's completion)
-//! against the raw transaction it wraps (`BEGIN`, `INSERT`, `COMMIT`, as
-//! tokio-postgres' `Transaction` sends them), each on a client of its own,
-//! medians of interleaved pairs.
+//! And a transactional tool's call (`PostgresLedger::transact`: one
+//! transaction that opens the record, runs an `INSERT` and completes the
+//! record) against the raw transaction it wraps (`BEGIN`, `INSERT`,
+//! `COMMIT`, as tokio-postgres' `Transaction` sends them), each on a client
+//! of its own: medians of interleaved pairs, then the throughput of
+//! [`TASKS`] tasks per side, each task on a client of its own (a
+//! transaction holds its connection), in rotating rounds. It runs first,
+//! before the ledger's sections have filled the tables autovacuum then
+//! works on.
 //! Everything it creates is in a schema of its own, dropped at the end.
 
 use std::cell::Cell;
@@ -137,9 +141,11 @@ fn main() {
     let ledger = Arc::new(ledger);
     let raw = Arc::new(rt.block_on(raw_table(&url, &schema)));
 
+    let next = Arc::new(AtomicU64::new(0));
+    transactional(&rt, &ledger, &url, &schema, &next);
+
     let mut c = Criterion::default().configure_from_args();
     let (ledger_mean, floor_mean) = (Mean::default(), Mean::default());
-    let next = Arc::new(AtomicU64::new(0));
     let fresh = || next.fetch_add(1, Ordering::Relaxed);
     {
         let mut g = c.benchmark_group("postgres_ledger");
@@ -195,7 +201,6 @@ fn main() {
     paired(&rt, &*ledger, &raw, &fresh);
     throughput(&rt, &ledger, &raw, &next);
     hold(&rt, &*ledger, &raw, &fresh);
-    transactional(&rt, &ledger, &url, &schema, &fresh);
     round_trips(&rt, &raw.client, &context(&ledger), &fresh);
     let dropped =
         rt.block_on(raw.client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")));
@@ -486,48 +491,36 @@ static PAY: ToolSpec = ToolSpec::new("pay", SideEffect::High);
 
 type Paid = ToolResult<(), TxError<tokio_postgres::Error>>;
 
-/// A transactional call against the raw transaction it wraps, [`PAIRS`]
-/// interleaved pairs, each side on a client of its own.
+/// A transactional call against the raw transaction it wraps: [`PAIRS`]
+/// interleaved pairs, each side on a client of its own; then [`TASKS`]
+/// tasks per side, each on a client of its own, [`ROUNDS`] rounds of
+/// [`ROUND`] in rotating order.
 fn transactional(
     rt: &Runtime,
-    ledger: &PostgresLedger,
+    ledger: &Arc<PostgresLedger>,
     url: &str,
     schema: &str,
-    fresh: &dyn Fn() -> u64,
+    next: &Arc<AtomicU64>,
 ) {
-    let table = format!("\"{schema}\".payments");
+    let table: Arc<str> = format!("\"{schema}\".payments").into();
     let (mut ours, mut theirs) = rt.block_on(async {
         let (ours, theirs) = (connect(url).await, connect(url).await);
         let create = format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, n bigint NOT NULL)");
         ours.batch_execute(&create).await.expect("the payments table");
         (ours, theirs)
     });
-    let insert = format!("INSERT INTO {table} (n) VALUES ($1)");
-    let insert = insert.as_str();
     let cx = Context::new("bench-agent");
     let (mut with_tool, mut raw) = (Vec::new(), Vec::new());
     rt.block_on(async {
         for i in 0..PAIRS {
             for tool_first in [i % 2 == 0, i % 2 != 0] {
-                let n = fresh();
-                let value = i64::try_from(n).unwrap_or(i64::MAX);
+                let n = next.fetch_add(1, Ordering::Relaxed);
                 let start = Instant::now();
                 if tool_first {
-                    let cx = cx.for_step("pay", n);
-                    let paid: Paid = ledger
-                        .transact(&cx, &PAY, &mut ours, &n, &n, |tx| {
-                            Box::pin(async move {
-                                tx.execute(insert, &[&value]).await?;
-                                Ok(())
-                            })
-                        })
-                        .await;
+                    pay(ledger, &cx, &mut ours, &table, n).await;
                     with_tool.push(start.elapsed());
-                    assert!(paid.is_success(), "{paid:?}");
                 } else {
-                    let tx = theirs.transaction().await.expect("BEGIN");
-                    tx.execute(insert, &[&value]).await.expect("INSERT");
-                    tx.commit().await.expect("COMMIT");
+                    pay_raw(&mut theirs, &table, n).await;
                     raw.push(start.elapsed());
                 }
             }
@@ -539,6 +532,78 @@ fn transactional(
          raw BEGIN + INSERT + COMMIT {floor:?}, ratio {:.2}",
         ours.as_secs_f64() / floor.as_secs_f64()
     );
+
+    let run = |tool: bool| {
+        rt.block_on(async {
+            let deadline = Instant::now() + ROUND;
+            let mut tasks = Vec::new();
+            for _ in 0..TASKS {
+                let mut client = connect(url).await;
+                let (ledger, cx, table, next) =
+                    (Arc::clone(ledger), cx.clone(), Arc::clone(&table), Arc::clone(next));
+                tasks.push(tokio::spawn(async move {
+                    let mut done = 0u64;
+                    while Instant::now() < deadline {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if tool {
+                            pay(&ledger, &cx, &mut client, &table, n).await;
+                        } else {
+                            pay_raw(&mut client, &table, n).await;
+                        }
+                        done += 1;
+                    }
+                    done
+                }));
+            }
+            let mut done = 0;
+            for task in tasks {
+                done += task.await.expect("a throughput task");
+            }
+            done
+        })
+    };
+    let mut totals = [0u64; 2];
+    for round in 0..ROUNDS {
+        for which in 0..2 {
+            let tool = (round + which) % 2 == 0;
+            totals[usize::from(!tool)] += run(tool);
+        }
+    }
+    let per_second = |calls: u64| calls as f64 / (ROUND * ROUNDS).as_secs_f64();
+    let [ours, floor] = totals.map(per_second);
+    println!(
+        "postgres_ledger: throughput of {TASKS} tasks, a client each ({ROUNDS} rounds of \
+         {ROUND:?}): transactional calls {ours:.0}/s, raw BEGIN + INSERT + COMMIT {floor:.0}/s, \
+         ratio {:.2}",
+        ours / floor
+    );
+}
+
+/// One transactional payment of `n`: its row and its record in one
+/// transaction.
+async fn pay(ledger: &PostgresLedger, cx: &Context, client: &mut Client, table: &str, n: u64) {
+    let insert = format!("INSERT INTO {table} (n) VALUES ($1)");
+    let insert = insert.as_str();
+    let value = i64::try_from(n).unwrap_or(i64::MAX);
+    let cx = cx.for_step("pay", n);
+    let paid: Paid = ledger
+        .transact(&cx, &PAY, client, &n, &n, |tx| {
+            Box::pin(async move {
+                tx.execute(insert, &[&value]).await?;
+                Ok(())
+            })
+        })
+        .await;
+    assert!(paid.is_success(), "{paid:?}");
+}
+
+/// The same payment as a user writes it without the ledger.
+async fn pay_raw(client: &mut Client, table: &str, n: u64) {
+    let insert = format!("INSERT INTO {table} (n) VALUES ($1)");
+    let value = i64::try_from(n).unwrap_or(i64::MAX);
+    let tx = client.transaction().await.expect("BEGIN");
+    tx.execute(insert.as_str(), &[&value]).await.expect("INSERT");
+    tx.commit().await.expect("COMMIT");
 }
 
 async fn connect(url: &str) -> Client {

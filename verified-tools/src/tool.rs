@@ -103,13 +103,14 @@ pub trait Tool {
         Codec::unrecorded()
     }
 
-    /// Whether an attempt commits the call's ledger record itself, in one
-    /// transaction with its effect (a transactional tool:
+    /// Whether an attempt claims and commits the call's ledger record
+    /// itself, in one transaction with its effect (a transactional tool:
     /// `PostgresLedger::transact`, feature `postgres`). The engine then
-    /// hands every attempt the call's hold ([`Attempt::holder`]), takes an
-    /// `Ok` answer as the proof (the record committed with the effect),
-    /// believes the verifier's `Absent` at once (a commit is visible when it
-    /// answers) and does not write the success again. By default: `false`.
+    /// claims nothing: it derives the key and hands every attempt the claim
+    /// to make in its transaction ([`Attempt::claim`]), takes an `Ok` answer
+    /// as the proof (the record committed with the effect), believes the
+    /// verifier's `Absent` at once (a commit is visible when it answers) and
+    /// writes nothing to the ledger. By default: `false`.
     fn commits_record(&self) -> bool {
         false
     }

@@ -169,14 +169,45 @@ async fn a_call_commits_its_row_and_its_record_together_and_a_repeat_replays() {
     assert_eq!(record.state, RecordState::Completed, "committed with the row");
 
     // The same logical call again (another process would do the same):
-    // the record answers, the body does not run.
+    // its attempt finds the record completed and rolls back, and the
+    // record's value is read.
     let again = shop.pay(&cx, &PAY, &mut client, 1, &runs).await;
     assert!(
-        matches!(again, ToolResult::Success { value: v, proof: Proof::Ledger, .. } if v == value),
+        matches!(again, ToolResult::Success { value: v, proof: Proof::Verifier, .. } if v == value),
         "{again:?}"
     );
-    assert_eq!(runs.load(Ordering::Relaxed), 1);
-    assert_eq!(shop.rows(1).await, 1);
+    assert_eq!(shop.rows(1).await, 1, "the repeat's statements rolled back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_call_from_eight_connections_at_once_commits_one_row() {
+    let Some(shop) = Shop::open("racing").await else { return };
+    let shop = Arc::new(shop);
+    let runs = Arc::new(AtomicU32::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (shop, runs, start) = (Arc::clone(&shop), Arc::clone(&runs), Arc::clone(&start));
+        calls.spawn(async move {
+            let mut client = connect(&shop.url).await;
+            let cx = Context::new("billing").for_step("order-race", 1);
+            start.wait().await;
+            shop.pay(&cx, &PAY, &mut client, 7, &runs).await
+        });
+    }
+    let results = calls.join_all().await;
+    // Each waited for the holder's locks, then found the record completed.
+    assert_eq!(shop.rows(7).await, 1, "{results:?}");
+    let id = shop.id(7).await;
+    for result in &results {
+        assert!(
+            matches!(result, ToolResult::Success { value, .. } if Some(*value) == id),
+            "every call is told the one payment: {result:?}"
+        );
+    }
+    let by_commit =
+        results.iter().filter(|r| matches!(r, ToolResult::Success { proof: Proof::Response, .. }));
+    assert_eq!(by_commit.count(), 1, "one call committed it: {results:?}");
 }
 
 #[tokio::test]
@@ -201,8 +232,9 @@ async fn a_failed_body_rolls_its_rows_back_and_the_call_says_so() {
         "{result:?}"
     );
     assert_eq!(shop.rows(2).await, 0, "rolled back");
+    // The claim rolled back with the rest: nothing recorded, the key free.
     let record = shop.ledger.record(result.key().expect("a key")).await.expect("readable");
-    assert_eq!(record.map(|r| r.state), Some(RecordState::Settled));
+    assert_eq!(record.map(|r| r.state), None);
     // The connection is usable again, outside any transaction.
     let state: String = client
         .query_one("SELECT current_setting('transaction_isolation')", &[])
@@ -396,7 +428,7 @@ async fn the_attribute_form_commits_once_per_payment_whoever_asks() {
     // Another step, another tool call id: `key(payment)` names the action.
     let again = book(&cx.for_tool_call("call_2"), &shop.ledger, &mut client, &shop.table, 5).await;
     assert!(
-        matches!(again, ToolResult::Success { value: v, proof: Proof::Ledger, .. } if v == value),
+        matches!(again, ToolResult::Success { value: v, proof: Proof::Verifier, .. } if v == value),
         "{again:?}"
     );
     assert_eq!(shop.rows(5).await, 1);

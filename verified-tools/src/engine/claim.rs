@@ -80,21 +80,7 @@ impl<'a, X: Tool> Call<'a, X> {
             }));
         }
         self.stage = Stage::Claiming;
-        let mut first = self.timeline;
-        first.dispatched(first.attempt(Duration::ZERO));
-        let mut request = ClaimRequest {
-            key: derived.key,
-            fingerprint: derived.fingerprint,
-            previous: derived.previous,
-            // A check dispatches nothing: a record it creates says so.
-            first: match self.rules.check {
-                false => {
-                    Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) }
-                }
-                true => Progress { attempts: 0, after_ok: false, settle: Settle::NOW },
-            },
-            now: self.started,
-        };
+        let mut request = self.request(derived);
         // The wait is measured on the clock, not summed from the polls: a
         // 1 ms poll sleeps longer than 1 ms in real time.
         let mut waiting_since = None;
@@ -164,6 +150,25 @@ impl<'a, X: Tool> Call<'a, X> {
                     }
                 }
             }
+        }
+    }
+
+    /// The claim of this call's key, its first attempt recorded with it.
+    pub(super) fn request(&self, derived: Derived) -> ClaimRequest {
+        let mut first = self.timeline;
+        first.dispatched(first.attempt(Duration::ZERO));
+        ClaimRequest {
+            key: derived.key,
+            fingerprint: derived.fingerprint,
+            previous: derived.previous,
+            // A check dispatches nothing: a record it creates says so.
+            first: match self.rules.check {
+                false => {
+                    Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) }
+                }
+                true => Progress { attempts: 0, after_ok: false, settle: Settle::NOW },
+            },
+            now: self.started,
         }
     }
 

@@ -48,7 +48,7 @@ use self::decide::{Event, Facts, Next, Rules, Stage};
 use crate::audit::{CallIdentity, CallState};
 use crate::deadline::Timeline;
 use crate::key::{Derived, Payload};
-use crate::ledger::{Codec, End, LedgerError, Progress};
+use crate::ledger::{ClaimRequest, Codec, End, LedgerError, Progress};
 use crate::telemetry;
 use crate::tool::Tool;
 use crate::{
@@ -74,6 +74,11 @@ pub struct Attempt {
     /// [`ToolSpec`] made [`with_holder`](ToolSpec::with_holder), otherwise
     /// [`Holder::unrecorded`](crate::Holder::unrecorded).
     pub holder: crate::Holder,
+    /// For a tool that commits its own record ([`Tool::commits_record`]),
+    /// the claim to make in this attempt's transaction (its
+    /// [`first`](ClaimRequest::first) progress is this attempt); `None` for
+    /// every other tool, whose key the engine claims.
+    pub claim: Option<ClaimRequest>,
 }
 
 /// The verifier type of a tool that has none; see [`no_verifier`].
@@ -183,6 +188,7 @@ where
         key: None,
         stage: Stage::Deriving,
         hold: None,
+        own_claim: None,
         first_recorded: false,
         panic: None,
         value: None,
@@ -297,6 +303,8 @@ struct Call<'a, X: Tool> {
     key: Option<IdempotencyKey>,
     stage: Stage,
     hold: Option<Hold<'a>>,
+    /// The claim a tool that commits its own record makes in each attempt.
+    own_claim: Option<ClaimRequest>,
     /// The claim recorded the first attempt already.
     first_recorded: bool,
     /// The payload of the tool's panic, until the call unwinds with it.
@@ -353,6 +361,11 @@ impl<'a, X: Tool> Call<'a, X> {
         let ledger =
             self.cx.ledger.as_deref().filter(|_| self.spec.side_effect != SideEffect::None);
         let mut event = match ledger {
+            // Its attempts claim the key in their own transactions.
+            Some(_) if self.tool.commits_record() => {
+                self.own_claim = Some(self.request(derived));
+                Event::Claimed
+            }
             Some(ledger) => match self.claim(ledger, derived).await {
                 Ok(event) => event,
                 Err(done) => return done,
@@ -446,12 +459,16 @@ impl<'a, X: Tool> Call<'a, X> {
         self.stage = Stage::Attempting;
         let deadline = self.timeline.deadline(deadline);
         let holder = match (&self.hold, &self.cx.ledger) {
-            (Some(hold), Some(ledger)) if self.spec.holder || self.tool.commits_record() => {
+            (Some(hold), Some(ledger)) if self.spec.holder => {
                 crate::Holder::new(std::sync::Arc::clone(ledger), key, hold.fence)
             }
             _ => crate::Holder::unrecorded(),
         };
-        let attempt = Attempt { key, deadline, number: self.facts.attempts, holder };
+        let claim = self.own_claim.map(|request| ClaimRequest {
+            first: Progress { attempts: number, ..request.first },
+            ..request
+        });
+        let attempt = Attempt { key, deadline, number, holder, claim };
         let answer = self.send(attempt, deadline).await;
         self.stage = Stage::Running;
         match answer {

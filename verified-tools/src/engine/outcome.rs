@@ -199,12 +199,6 @@ impl<'a, X: Tool> Call<'a, X> {
             // prove its effect stays recorded, so a repeat verifies first and
             // has only the attempts left (none after a contradicted OK).
             let written = match &result {
-                // The attempt committed the record with the effect (or the
-                // verifier read it completed): nothing left to write.
-                ToolResult::Success { .. } if self.tool.commits_record() => {
-                    std::mem::forget(hold);
-                    Ok(())
-                }
                 ToolResult::Success { value, .. } => {
                     hold.close(End::Completed(&Value { value, codec: self.tool.codec() })).await
                 }

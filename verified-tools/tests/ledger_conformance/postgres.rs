@@ -278,8 +278,9 @@ async fn processes_starting_at_once_create_the_schema_once() {
         .unwrap()
         .get(0);
     assert_eq!(
-        functions, 9,
-        "claim, dispatching, finish, abandon, purge, record, in_doubt, resolve, version"
+        functions, 11,
+        "claim, dispatching, finish, abandon, purge, record, in_doubt, resolve, tx_open, \
+         tx_complete, version"
     );
     // They are one ledger: a key claimed by one is in flight for the others.
     fresh(&ledgers[0], k(1)).await;
@@ -324,16 +325,42 @@ async fn a_schema_made_by_a_migration_is_used_and_its_version_checked() {
     }
     let again = names.clone().connect(&url).await.expect("the table is made again");
     fresh(&again, k(1)).await;
+    // A schema of version 1 (before transactional tools): refused without
+    // schema creation, saying how to upgrade; upgraded in place with it.
+    let (schema, prefix) = (ledger.schema(), ledger.prefix());
+    let version = |n: u32| {
+        format!(
+            "CREATE OR REPLACE FUNCTION \"{schema}\".\"{prefix}schema_version\"() RETURNS integer
+             LANGUAGE sql IMMUTABLE AS $$ SELECT {n} $$"
+        )
+    };
+    let tx_open = format!("\"{schema}\".\"{prefix}tx_open\"");
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {tx_open}; DROP FUNCTION \"{schema}\".\"{prefix}tx_complete\"; {}",
+            version(1)
+        ))
+        .await
+        .unwrap();
+    match names.clone().with_schema_creation(false).connect(&url).await {
+        Err(LedgerError::Unavailable(why)) => {
+            assert!(why.message().contains("version 1") && why.message().contains("upgrades"))
+        }
+        other => panic!("an older schema is refused without creation, got {other:?}"),
+    }
+    let upgraded = names.clone().connect(&url).await.expect("version 1 is upgraded");
+    let found: Option<String> = admin
+        .query_one(&format!("SELECT to_regproc('{tx_open}')::text"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(found.is_some(), "the upgrade added the transactional functions");
+    // `again` still holds k(1): the upgrade kept the records.
+    assert!(matches!(state(&upgraded, k(1)).await, Claimed::InFlight(_)));
     // A schema of a later version is not written into.
-    let version = format!(
-        "CREATE OR REPLACE FUNCTION \"{}\".\"{}schema_version\"() RETURNS integer
-         LANGUAGE sql IMMUTABLE AS $$ SELECT 2 $$",
-        ledger.schema(),
-        ledger.prefix()
-    );
-    admin.batch_execute(&version).await.unwrap();
+    admin.batch_execute(&version(3)).await.unwrap();
     match names.connect(&url).await {
-        Err(LedgerError::Unavailable(why)) => assert!(why.message().contains("version 2"), "{why}"),
+        Err(LedgerError::Unavailable(why)) => assert!(why.message().contains("version 3"), "{why}"),
         other => panic!("a newer schema is refused, got {other:?}"),
     }
 }

@@ -27,9 +27,20 @@ impl Connection {
         Self { url: url.to_owned(), client: None }
     }
 
+    /// The live connection, or a new one: tried for up to 2 s, as a pool
+    /// waits for a connection (a server restarting takes that long).
     async fn client(&mut self) -> Result<&mut Client, tokio_postgres::Error> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+            let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+            let (client, connection) = loop {
+                match tokio_postgres::connect(&self.url, NoTls).await {
+                    Ok(connected) => break connected,
+                    Err(_) if tokio::time::Instant::now() < until => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             tokio::spawn(connection);
             self.client = Some(client);
         }

@@ -249,9 +249,6 @@ pub struct PostgresLedger {
     inner: Arc<Inner>,
     lease: Duration,
     ttl: Duration,
-    /// Claims commit without waiting for the WAL flush: the handle a
-    /// transactional call runs with (`transact.rs` says why that is safe).
-    unflushed_claims: bool,
 }
 
 /// How a [`PostgresLedger`] is opened: the names of its schema, the bound
@@ -331,6 +328,11 @@ impl PostgresLedgerBuilder {
     /// The DDL of the schema for these names, for a migration: what the
     /// ledger runs when it creates the schema. One transaction: run it as
     /// one script (`psql -1 -f`). Fails when a name is not allowed.
+    ///
+    /// The script is idempotent and upgrades an older version in place:
+    /// version 2 added the functions of transactional tools (`tx_open`,
+    /// `tx_complete`). A ledger that may create the schema upgrades it when
+    /// it opens; one that may not refuses an older version, and says so.
     pub fn schema_sql(&self) -> Result<String, LedgerError> {
         sql::check_names(&self.schema, &self.prefix)?;
         Ok(sql::schema_sql(&self.schema, &self.prefix))
@@ -423,7 +425,6 @@ impl PostgresLedgerBuilder {
             inner: Arc::new(inner),
             lease: Duration::from_secs(600),
             ttl: Duration::from_secs(24 * 3600),
-            unflushed_claims: false,
         })
     }
 }
@@ -826,6 +827,9 @@ impl Inner {
         };
         // `None`: the functions are there, their table or sequence is not.
         let incomplete = match self.schema_version().await {
+            // An older version is upgraded in place (the script is
+            // idempotent, and only adds), when the ledger may create it.
+            Ok(Some(version)) if version < SCHEMA_VERSION && create => true,
             Ok(Some(version)) => return self.known(version),
             Ok(None) => true,
             Err(failure) if missing(&failure) => false,
@@ -882,9 +886,13 @@ impl Inner {
         if version == SCHEMA_VERSION {
             return Ok(());
         }
+        let upgrade = match version < SCHEMA_VERSION {
+            true => ": run PostgresLedgerBuilder::schema_sql again (it upgrades in place)",
+            false => "",
+        };
         Err(LedgerError::Unavailable(format!(
             "postgres: the ledger schema in \"{}\" with the prefix \"{}\" is version {version}; \
-             this build knows version {SCHEMA_VERSION}",
+             this build knows version {SCHEMA_VERSION}{upgrade}",
             self.schema, self.prefix
         ).into()))
     }
@@ -895,7 +903,6 @@ impl Inner {
         started: Instant,
         request: ClaimRequest,
         lease: Duration,
-        unflushed: bool,
     ) -> Result<Claim, LedgerError> {
         let key = sql::key_bytes(request.key);
         let fingerprint = request.fingerprint.as_u128().to_be_bytes();
@@ -918,7 +925,7 @@ impl Inner {
             (&progress.after_ok, Type::BOOL),
             (&settle, Type::INT8),
         ];
-        let statement = if unflushed { &self.sql.claim_unflushed } else { &self.sql.claim };
+        let statement = &self.sql.claim;
         // A claim that lands after its lease holds nothing any more: no
         // need to wait for it longer.
         let rows = self
@@ -999,8 +1006,7 @@ impl Drop for Answer {
 
 impl Ledger for PostgresLedger {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
-        let (inner, lease, unflushed) =
-            (Arc::clone(&self.inner), self.lease, self.unflushed_claims);
+        let (inner, lease) = (Arc::clone(&self.inner), self.lease);
         LedgerFuture::boxed(async move {
             let Ok(runtime) = Handle::try_current() else {
                 return Err(LedgerError::Unavailable(
@@ -1016,7 +1022,7 @@ impl Ledger for PostgresLedger {
             let mut answer = Answer { answer: Some(receive), inner: Arc::clone(&inner) };
             let task = Arc::clone(&inner);
             runtime.spawn(async move {
-                let claimed = task.claim(lent, started, request, lease, unflushed).await;
+                let claimed = task.claim(lent, started, request, lease).await;
                 if let Err(Ok(claim)) = send.send(claimed)
                     && let Some(fence) = held(&claim)
                 {

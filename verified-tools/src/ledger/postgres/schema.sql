@@ -1,4 +1,4 @@
--- The schema of verified-tools' PostgresLedger, version 1, in the schema
+-- The schema of verified-tools' PostgresLedger, version 2, in the schema
 -- "public" with the prefix "vt_" (the defaults). One transaction: run it
 -- as one script (psql -1 -f, or one simple-query message).
 SELECT pg_advisory_xact_lock(1987341415);
@@ -302,11 +302,92 @@ BEGIN
 END
 $$;
 
+-- Transactional tools (PostgresLedger::transact): the opening and the
+-- completion of an attempt, each run inside the attempt's own transaction,
+-- so that the record commits with the tool's rows or not at all. Version 2
+-- added them; running this script again upgrades version 1 in place.
+--
+-- The opening takes the key's advisory locks (p_lock, and p_previous_lock
+-- first: calls take them in time order), held until the transaction ends:
+-- a second call with the key, and the verifier, wait for the first. Then it
+-- reads the record (each statement sees what committed before it began).
+-- o_kind: 1 free (no record, or none this call's effect committed with:
+-- expired, in doubt, settled, held past its lease), 3 completed, 4 held by a
+-- live call outside a transaction, 5 another payload; o_which 0 for p_key,
+-- 1 for p_previous.
+CREATE OR REPLACE FUNCTION "public"."vt_tx_open"(
+    p_key bytea, p_fingerprint bytea, p_previous bytea, p_previous_fingerprint bytea,
+    p_lock bigint, p_previous_lock bigint, OUT o_kind integer, OUT o_which integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz;
+    v_fingerprint bytea := p_fingerprint;
+    r "public"."vt_records"%ROWTYPE;
+BEGIN
+    IF p_previous_lock IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(p_previous_lock);
+    END IF;
+    PERFORM pg_advisory_xact_lock(p_lock);
+    v_now := clock_timestamp();
+    o_which := 0;
+    IF p_previous IS NOT NULL THEN
+        SELECT * INTO r FROM "public"."vt_records" WHERE key = p_previous;
+        IF r.key IS NOT NULL AND r.fingerprint = p_previous_fingerprint
+                AND (r.expires_at IS NULL OR r.expires_at > v_now) THEN
+            o_which := 1;
+            v_fingerprint := p_previous_fingerprint;
+        END IF;
+    END IF;
+    IF o_which = 0 THEN
+        SELECT * INTO r FROM "public"."vt_records" WHERE key = p_key;
+    END IF;
+    IF r.key IS NULL OR r.expires_at <= v_now THEN
+        o_kind := 1;
+    ELSIF r.fingerprint <> v_fingerprint THEN
+        o_kind := 5;
+    ELSIF r.state = 'completed' THEN
+        o_kind := 3;
+    ELSIF r.state = 'held' AND r.lease_end > v_now THEN
+        o_kind := 4;
+    ELSE
+        o_kind := 1;
+    END IF;
+END
+$$;
+
+-- The completion: the record completed with the value, as the last
+-- statement of the transaction the opening began (which holds the key's
+-- locks). A record completed meanwhile (it cannot be while the locks hold:
+-- a guard, not a path) fails the transaction, and nothing commits.
+CREATE OR REPLACE FUNCTION "public"."vt_tx_complete"(
+    p_key bytea, p_fingerprint bytea, p_attempts bigint, p_value bytea, p_ttl_us bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO "public"."vt_records" AS r
+        (key, fingerprint, state, fence, lease_end, attempts, after_ok, settle_at, value,
+         expires_at)
+    VALUES (p_key, p_fingerprint, 'completed', nextval('"public"."vt_fence"'), NULL,
+            p_attempts, false, v_now, p_value, v_now + p_ttl_us * interval '1 microsecond')
+    ON CONFLICT (key) DO UPDATE
+    SET fingerprint = excluded.fingerprint, state = 'completed', fence = excluded.fence,
+        lease_end = NULL, attempts = excluded.attempts, after_ok = false,
+        settle_at = excluded.settle_at, value = excluded.value, expires_at = excluded.expires_at
+    WHERE r.state <> 'completed' OR r.expires_at <= v_now;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the record of the key was completed by another transaction'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+END
+$$;
+
 -- Last: the schema's version, NULL when its table or sequence is gone
 -- (the ledger then creates them again, if it may).
 CREATE OR REPLACE FUNCTION "public"."vt_schema_version"()
 RETURNS integer
 LANGUAGE sql STABLE AS $$
-    SELECT 1 WHERE to_regclass('"public"."vt_records"') IS NOT NULL
+    SELECT 2 WHERE to_regclass('"public"."vt_records"') IS NOT NULL
         AND to_regclass('"public"."vt_fence"') IS NOT NULL
 $$;

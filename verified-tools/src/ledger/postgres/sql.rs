@@ -20,7 +20,7 @@ use crate::ledger::{
 
 /// The version of the schema this build creates and reads
 /// (`vt_schema_version()`).
-pub(super) const SCHEMA_VERSION: i32 = 1;
+pub(super) const SCHEMA_VERSION: i32 = 2;
 
 /// The schema for the default names.
 pub(super) const SCHEMA: &str = include_str!("schema.sql");
@@ -97,9 +97,6 @@ pub(super) fn schema_sql(schema: &str, prefix: &str) -> String {
 #[derive(Debug)]
 pub(super) struct Statements {
     pub(super) claim: String,
-    /// The claim of a transactional call, committed without waiting for
-    /// the flush (see `PostgresLedger::transact`).
-    pub(super) claim_unflushed: String,
     pub(super) dispatching: String,
     pub(super) finish: String,
     pub(super) abandon: String,
@@ -119,13 +116,6 @@ impl Statements {
         };
         Self {
             claim: call("claim", 8),
-            // `set_config(.., true)` lasts until the statement's own commit,
-            // which it makes asynchronous; one more column, after those read.
-            claim_unflushed: call("claim", 8).replacen(
-                "SELECT *",
-                "SELECT *, set_config('synchronous_commit', 'off', true)",
-                1,
-            ),
             dispatching: call("dispatching", 5),
             finish: call("finish", 6),
             abandon: call("abandon", 2),

@@ -40,12 +40,18 @@ pub enum TxError<E> {
         /// The error that showed it, in words.
         error: String,
     },
-    /// The call no longer holds its key under this attempt (another call
-    /// took it over after the lease): rolled back before the body ran.
-    NotHeld,
-    /// The attempt came without a hold on a ledger record: the call's
-    /// ledger refused it (a low-risk tool allowed to run without a ledger).
-    NoHold,
+    /// A call with this key completed before: the attempt rolled back, and
+    /// the recorded value is read (the engine verifies: a replay).
+    Completed,
+    /// Another call holds the key, outside any transaction (not a
+    /// transactional tool's: its lease has not ended): rolled back.
+    InFlight,
+    /// The key is recorded with another payload: rolled back. A new call
+    /// needs a new key.
+    KeyReuse,
+    /// The attempt came without a claim to make: the engine ran the tool
+    /// without this ledger, or for a `none` tool (which records nothing).
+    NoClaim,
 }
 
 impl TxStage {
@@ -71,11 +77,18 @@ impl<E> TxError<E> {
                  live connection ({error})",
                 stage.doing()
             ),
-            TxError::NotHeld => {
-                "the call no longer holds its key (taken over after its lease): rolled back".into()
+            TxError::Completed => {
+                "a call with this key completed before: rolled back, its record is read".into()
             }
-            TxError::NoHold => "the attempt holds no ledger record; a transactional tool runs \
-                                only with its ledger (PostgresLedger::transact)"
+            TxError::InFlight => {
+                "another call holds the key outside a transaction: rolled back".into()
+            }
+            TxError::KeyReuse => "the key is recorded with another payload: rolled back; a new \
+                                  call needs a new key"
+                .into(),
+            TxError::NoClaim => "the attempt came with no claim to make; a transactional tool \
+                                 runs with its ledger (PostgresLedger::transact) and a side \
+                                 effect other than none"
                 .into(),
         }
     }
@@ -95,7 +108,11 @@ impl<E: std::error::Error + 'static> std::error::Error for TxError<E> {
         match self {
             TxError::Body(error) => Some(error),
             TxError::Postgres { source, .. } => Some(source),
-            TxError::Closed { .. } | TxError::NotHeld | TxError::NoHold => None,
+            TxError::Closed { .. }
+            | TxError::Completed
+            | TxError::InFlight
+            | TxError::KeyReuse
+            | TxError::NoClaim => None,
         }
     }
 }
@@ -110,8 +127,8 @@ impl<E: std::error::Error + 'static> std::error::Error for TxError<E> {
 /// | `Postgres { Commit, .. }`, a server error | `NotSent` | the message stops at the error: no `COMMIT` ran (a failed `COMMIT` rolls back) |
 /// | `Postgres { Commit, .. }`, the answer lost | `Ambiguous` | `COMMIT` may have committed: the verifier reads the record |
 /// | `Closed { .. }` | `Definitive` | rolled back, and the same client cannot do better |
-/// | `NotHeld` | `Conflict` | another call holds the key: re-checked before anything else |
-/// | `NoHold` | `Definitive` | no attempt can run without a hold |
+/// | `Completed` | `Conflict` | the effect holds: the verifier reads the record's value |
+/// | `InFlight`, `KeyReuse`, `NoClaim` | `Definitive` | rolled back, and another attempt would find the same |
 impl<E: Classify> Classify for TxError<E> {
     fn classify(&self) -> ErrorClass {
         match self {
@@ -127,8 +144,10 @@ impl<E: Classify> Classify for TxError<E> {
                 },
                 _ => ErrorClass::NotSent,
             },
-            TxError::NotHeld => ErrorClass::Conflict,
-            TxError::Closed { .. } | TxError::NoHold => ErrorClass::Definitive,
+            TxError::Completed => ErrorClass::Conflict,
+            TxError::Closed { .. } | TxError::InFlight | TxError::KeyReuse | TxError::NoClaim => {
+                ErrorClass::Definitive
+            }
         }
     }
 
@@ -153,7 +172,7 @@ mod tests {
         let closed: TxError<std::io::Error> =
             TxError::Closed { stage: TxStage::Body, error: "connection closed".into() };
         assert_eq!(closed.classify(), ErrorClass::Definitive, "this client cannot do better");
-        assert_eq!(TxError::<std::io::Error>::NotHeld.classify(), ErrorClass::Conflict);
-        assert_eq!(TxError::<std::io::Error>::NoHold.classify(), ErrorClass::Definitive);
+        assert_eq!(TxError::<std::io::Error>::Completed.classify(), ErrorClass::Conflict);
+        assert_eq!(TxError::<std::io::Error>::NoClaim.classify(), ErrorClass::Definitive);
     }
 }

@@ -3,19 +3,22 @@
 //! ledger record, so the effect and the record commit together or not at
 //! all ([`PostgresLedger::transact`]).
 //!
-//! Why it is exactly once, for the maintainers. The transaction's first
-//! statement locks the call's record row, and only while this call still
-//! holds the key under its fence and attempt number; its last marks the
-//! record completed. The body's statements follow the opening message
-//! without waiting for its answer (they run inside the transaction it
-//! began); `COMMIT` goes out only once that answer said "held", and in the
-//! same message as the completion, so a transaction that may still commit
-//! always holds the row lock. The verifier reads the record with
-//! `FOR SHARE`, which waits for such a transaction: what it reads is final.
-//! A holder paused past its lease cannot commit either: the call that takes
-//! the key over changes the fence (waiting for the lock, which the server
-//! frees once the paused session has idled past its attempt's deadline),
-//! and the paused transaction's completion then matches no row.
+//! Why it is exactly once, for the maintainers. The engine claims nothing
+//! for such a tool ([`Tool::commits_record`]): each attempt's transaction
+//! opens with the schema's `tx_open`, which takes the key's advisory locks
+//! (held until the transaction ends) and then reads the record, and closes
+//! with `tx_complete`, which writes the record completed, so the effect and
+//! the record commit together or neither does. Nothing is written before:
+//! a rolled-back or crashed attempt leaves no claim to wait out. A second
+//! call with the key waits for the first's locks, then finds the record
+//! completed; the verifier takes the same lock, so what it reads is final
+//! (an uncommitted record is invisible; only the lock waits for it). The
+//! body's statements follow the opening message without waiting for its
+//! answer (they run inside the transaction it began); `COMMIT` goes out
+//! only once that answer said the key is free, and in the same message as
+//! the completion. A holder paused with its transaction open keeps the locks
+//! until the server ends its session (`idle_in_transaction_session_timeout`,
+//! the attempt's deadline), which rolls it back.
 
 use std::fmt;
 use std::future::Future;
@@ -26,17 +29,16 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 mod error;
 
 pub use self::error::{TxError, TxStage};
 
-use super::{PostgresLedger, first, sql};
+use super::{PostgresLedger, sql};
 use crate::engine::{self, Attempt};
-use crate::key::Payload;
-use crate::ledger::{Codec, Fence};
+use crate::key::{Payload, PayloadDigest};
+use crate::ledger::{ClaimRequest, Codec};
 use crate::tool::Tool;
 use crate::{Classify, Context, IdempotencyKey, ToolResult, ToolSpec, Verdict};
 
@@ -98,13 +100,17 @@ impl PostgresLedger {
     ///
     /// The call runs through the engine with this ledger, whatever the
     /// context's is: the record must live in the effect's database. The
-    /// engine claims the key first (a repeat replays the recorded value);
-    /// then, per attempt:
+    /// engine derives the key and writes nothing itself; each attempt is
+    /// one transaction:
     ///
     /// 1. `BEGIN`; `statement_timeout` and `idle_in_transaction_session_timeout`
-    ///    set to the attempt's deadline; the record's row locked, if this
-    ///    call still holds the key (else [`TxError::NotHeld`], rolled back):
-    ///    one message, which `body`'s first statement follows at once;
+    ///    set to the attempt's deadline; the key's advisory lock taken and
+    ///    its record read: one message, which `body`'s first statement
+    ///    follows at once. A key completed earlier rolls the attempt back
+    ///    and the record's value is read ([`TxError::Completed`]: a repeat
+    ///    succeeds with [`Proof::Verifier`](crate::Proof::Verifier), its
+    ///    body's statements rolled back); a key recorded with another
+    ///    payload fails it ([`TxError::KeyReuse`]);
     /// 2. `body` (its error rolls the transaction back: [`TxError::Body`],
     ///    retried within the budget when its class says the attempt may
     ///    succeed again: serialization failures and deadlocks, lost answers);
@@ -169,13 +175,10 @@ impl PostgresLedger {
         // on the body's higher-ranked lifetime.
         let body: Box<Body<'a, 'c, T, E>> = Box::new(body);
         Box::pin(async move {
-            // Its claims need not wait for the WAL flush: a claim lost in a
-            // crash of the server held a key for a call that had committed
-            // nothing (the call's commit, durable, would have flushed the
-            // claim before it), and the key is simply free again.
-            let ledger = PostgresLedger { unflushed_claims: true, ..self.clone() };
-            let cx = cx.clone().with_ledger(Arc::new(ledger));
-            let tool = Transactional { ledger: self, client, spec, body };
+            // With this ledger the engine derives what the claim needs (the
+            // previous time bucket's key, too); it writes nothing to it.
+            let cx = cx.clone().with_ledger(Arc::new(self.clone()));
+            let tool = Transactional { ledger: self, client, spec, body, record: None, wait_ms: 0 };
             engine::run(&cx, tool, payload, audit_args).await
         })
     }
@@ -192,6 +195,12 @@ struct Transactional<'l, 'a, 'c, T, E> {
     client: &'c Client,
     spec: &'static ToolSpec,
     body: Box<Body<'a, 'c, T, E>>,
+    /// The key the last opening found the call's record under: the call's,
+    /// or the previous time bucket's.
+    record: Option<IdempotencyKey>,
+    /// The last attempt's deadline, in ms: the longest the verifier waits
+    /// for a transaction still holding the key's lock.
+    wait_ms: u128,
 }
 
 impl<T, E> Tool for Transactional<'_, '_, '_, T, E>
@@ -207,15 +216,15 @@ where
     }
 
     async fn dispatch(&mut self, attempt: Attempt) -> Result<T, TxError<E>> {
-        let Some(fence) = attempt.holder.fence() else { return Err(TxError::NoHold) };
-        let sql = Sql::of(self.ledger, attempt.key, fence, attempt.number);
+        let Some(claim) = attempt.claim else { return Err(TxError::NoClaim) };
         let timeout = attempt.deadline.remaining().as_millis().clamp(1, i32::MAX as u128);
-        let open = sql.open(timeout);
+        self.wait_ms = timeout;
+        let open = Sql::open(self.ledger, &claim, timeout);
         let mut guard = Open { client: self.client, open: true };
         // The opening goes out now and the body's statements right behind
         // it, in one round trip: they run inside the transaction it begins,
-        // and nothing commits before its answer has said this call holds
-        // the key (else the whole transaction rolls back).
+        // and nothing commits before its answer has said the key is this
+        // call's (else the whole transaction rolls back).
         let mut opening = std::pin::pin!(self.client.simple_query(&open));
         let early = match opening.as_mut().poll(&mut TaskContext::from_waker(Waker::noop())) {
             Poll::Ready(Err(source)) => {
@@ -233,8 +242,8 @@ where
             Some(answer) => answer,
             None => opening.await,
         };
-        let held = match opened {
-            Ok(messages) => messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(_))),
+        let opened = match opened {
+            Ok(messages) => Opened::of(&messages, &claim),
             Err(source) => {
                 // The body's failure, if any, is this one's consequence.
                 guard.rollback().await;
@@ -242,10 +251,17 @@ where
                 return Err(self.closed(TxStage::Open, error));
             }
         };
-        if !held {
-            guard.rollback().await;
-            return Err(TxError::NotHeld);
-        }
+        let (key, fingerprint) = match opened {
+            Opened::Free { key, fingerprint } => (key, fingerprint),
+            other => {
+                if let Opened::Completed { key } = other {
+                    self.record = Some(key);
+                }
+                guard.rollback().await;
+                return Err(other.error());
+            }
+        };
+        self.record = Some(key);
         let value = match body {
             Ok(value) => value,
             Err(error) => {
@@ -254,7 +270,7 @@ where
             }
         };
         let encoded = Codec::<T>::serde().encode(&value).unwrap_or_default();
-        let commit = sql.commit(&encoded, self.ledger.ttl);
+        let commit = Sql::commit(self.ledger, key, fingerprint, attempt.number, &encoded);
         match self.client.batch_execute(&commit).await {
             Ok(()) => {
                 guard.open = false;
@@ -274,7 +290,7 @@ where
     }
 
     async fn verify(&mut self, key: IdempotencyKey) -> Verdict<T> {
-        read(self.ledger, key).await
+        read(self.ledger, self.record.unwrap_or(key), self.wait_ms).await
     }
 
     fn codec(&self) -> Codec<T> {
@@ -300,88 +316,202 @@ impl<T, E> Transactional<'_, '_, '_, T, E> {
     }
 }
 
-/// The record, once no transaction that may commit holds it: completed
-/// (the effect committed with it), or not (it did not, and cannot now).
+/// The record, once no transaction that may commit holds it (the key's
+/// advisory lock taken, and let go, first): completed (the effect committed
+/// with it), or not there (no attempt committed, and none can now: each
+/// takes the lock before it reads the record).
 async fn read<T: Serialize + DeserializeOwned>(
     ledger: &PostgresLedger,
     key: IdempotencyKey,
+    wait_ms: u128,
 ) -> Verdict<T> {
+    // One implicit transaction (no `BEGIN`: an error, or an answer never
+    // awaited, leaves the shared connection outside any transaction). Its
+    // reads see what committed before each began, whatever the
+    // connection's default isolation.
     let statement = format!(
-        "SELECT state = 'completed', value FROM {} WHERE key = $1 FOR SHARE",
-        Sql::records(ledger)
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = {}; \
+         SELECT pg_advisory_xact_lock({}); \
+         SELECT state, encode(value, 'hex') FROM {} WHERE key = {}",
+        wait_ms.max(1),
+        lock_id(key),
+        Sql::records(ledger),
+        key_literal(key),
     );
-    let key = sql::key_bytes(key);
-    let key: &[u8] = &key;
-    let rows = match ledger.inner.query(&statement, &[(&key, Type::BYTEA)]).await {
-        Ok(rows) => rows,
-        Err(_) => return Verdict::Unknown,
-    };
-    let Ok(completed) = first::<bool>(&rows, "the record") else {
-        // No record: it expired, or was never there. Not proof of anything.
+    let Some(messages) = ask(ledger, &statement, wait_ms).await else {
         return Verdict::Unknown;
     };
-    if !completed {
+    let Some(row) = rows(&messages).last() else {
+        return Verdict::Absent;
+    };
+    if row.get(0) != Some("completed") {
+        // Held by a call outside any transaction, or in doubt: not this
+        // tool's effect, which commits only as completed.
         return Verdict::Absent;
     }
-    let value: Option<Vec<u8>> = rows[0].try_get(1).ok().flatten();
-    match value.and_then(|bytes| Codec::<T>::serde().decode(&bytes)) {
+    match row.get(1).and_then(unhex).and_then(|bytes| Codec::<T>::serde().decode(&bytes)) {
         Some(value) => Verdict::Holds(value),
         None => Verdict::Unknown,
     }
 }
 
-/// The statements of one attempt, literals inlined: each is one
-/// simple-query message (which carries no parameters), and every value in
-/// them is a number or hex the ledger wrote.
-struct Sql {
-    /// The ledger's table, quoted.
-    records: String,
-    /// The record's row, as long as this attempt holds it.
-    row: String,
+/// `statement`'s answer on one of the ledger's connections, waited for as
+/// long as the lock it may wait for, and the ledger's timeout beside.
+async fn ask(
+    ledger: &PostgresLedger,
+    statement: &str,
+    wait_ms: u128,
+) -> Option<Vec<SimpleQueryMessage>> {
+    let inner = &ledger.inner;
+    let started = tokio::time::Instant::now();
+    let lent = inner.lend_by(started).await.ok()?;
+    let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(u64::MAX));
+    let answer = lent.client().simple_query(statement);
+    match tokio::time::timeout_at(started + inner.timeout.saturating_add(wait), answer).await {
+        Ok(Ok(messages)) => Some(messages),
+        Ok(Err(_)) | Err(_) => {
+            // Its connection may be broken, or still busy with this: the
+            // next operation connects anew (the ledger's own only).
+            inner.discard(lent.shared());
+            None
+        }
+    }
 }
 
-impl Sql {
-    fn of(ledger: &PostgresLedger, key: IdempotencyKey, fence: Fence, number: u32) -> Self {
-        let records = Self::records(ledger);
-        let row = format!(
-            "key = decode('{}', 'hex') AND fence = {} AND attempts = {number} AND state = 'held'",
-            hex(&sql::key_bytes(key)),
-            sql::fence_arg(fence),
-        );
-        Self { records, row }
+/// The rows of a simple query's answer.
+fn rows(messages: &[SimpleQueryMessage]) -> impl Iterator<Item = &SimpleQueryRow> {
+    messages.iter().filter_map(|message| match message {
+        SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    })
+}
+
+/// What the opening found, inside the attempt's transaction.
+#[derive(Debug, PartialEq, Eq)]
+enum Opened {
+    /// The key is free for this attempt: its record, once it commits, is
+    /// under `key` (the call's, or the previous time bucket's).
+    Free { key: IdempotencyKey, fingerprint: PayloadDigest },
+    /// A call with the key completed.
+    Completed { key: IdempotencyKey },
+    /// Another call holds it: one outside any transaction, live.
+    InFlight,
+    /// The key is recorded with another payload.
+    KeyReuse,
+    /// An answer the opening does not give.
+    Unexpected,
+}
+
+impl Opened {
+    /// The opening's row: the last of its answer (kind, which key).
+    fn of(messages: &[SimpleQueryMessage], claim: &ClaimRequest) -> Self {
+        let Some(row) = rows(messages).last() else { return Opened::Unexpected };
+        let int = |i: usize| row.get(i).and_then(|text| text.parse::<i64>().ok());
+        let (key, fingerprint) = match (int(1), claim.previous) {
+            (Some(1), Some(previous)) => previous,
+            _ => (claim.key, claim.fingerprint),
+        };
+        match int(0) {
+            Some(1) => Opened::Free { key, fingerprint },
+            Some(3) => Opened::Completed { key },
+            Some(4) => Opened::InFlight,
+            Some(5) => Opened::KeyReuse,
+            _ => Opened::Unexpected,
+        }
     }
 
+    /// The attempt's error, when the key is not free for it.
+    fn error<E>(self) -> TxError<E> {
+        match self {
+            Opened::Completed { .. } => TxError::Completed,
+            Opened::InFlight => TxError::InFlight,
+            Opened::KeyReuse => TxError::KeyReuse,
+            Opened::Free { .. } | Opened::Unexpected => TxError::NoClaim,
+        }
+    }
+}
+
+/// The messages of one attempt, literals inlined: each is one simple-query
+/// message (which carries no parameters), and every value in them is a
+/// number or hex the ledger wrote. The work is in the schema's functions,
+/// whose plans each session keeps.
+struct Sql;
+
+impl Sql {
     fn records(ledger: &PostgresLedger) -> String {
         let (schema, prefix) = (&ledger.inner.schema, &ledger.inner.prefix);
         format!("\"{schema}\".\"{prefix}records\"")
     }
 
-    /// `BEGIN`, the attempt's deadline as the server's timeouts, and the
-    /// record's row locked (one row when this attempt holds it, none else).
-    fn open(&self, timeout_ms: u128) -> String {
+    /// `BEGIN`, the attempt's deadline as the server's timeouts (before the
+    /// locks, which they bound), and the opening: its row is the answer's
+    /// last.
+    fn open(ledger: &PostgresLedger, claim: &ClaimRequest, timeout_ms: u128) -> String {
+        let (schema, prefix) = (&ledger.inner.schema, &ledger.inner.prefix);
+        let (previous, previous_lock) = match claim.previous {
+            Some((key, digest)) => (
+                format!("{}, {}", key_literal(key), digest_literal(digest)),
+                lock_id(key).to_string(),
+            ),
+            None => ("NULL, NULL".to_owned(), "NULL".to_owned()),
+        };
         format!(
             "BEGIN; SET LOCAL statement_timeout = {timeout_ms}; \
              SET LOCAL idle_in_transaction_session_timeout = {timeout_ms}; \
-             SELECT 1 FROM {} WHERE {} FOR UPDATE",
-            self.records, self.row
+             SELECT o_kind, o_which FROM \"{schema}\".\"{prefix}tx_open\"\
+             ({}, {}, {previous}, {}, {previous_lock})",
+            key_literal(claim.key),
+            digest_literal(claim.fingerprint),
+            lock_id(claim.key),
         )
     }
 
-    /// The record completed with `value`, then `COMMIT`. When the row is
-    /// not this attempt's any more (it cannot be while the lock holds: a
-    /// guard, not a path) the division fails the transaction, the rest of
-    /// the message is skipped, and no `COMMIT` runs.
-    fn commit(&self, value: &[u8], ttl: std::time::Duration) -> String {
+    /// The record completed with `value`, then `COMMIT`. The completion
+    /// fails the transaction when the record was completed meanwhile (a
+    /// guard: the locks prevent it), and the rest of the message, `COMMIT`
+    /// with it, is skipped.
+    fn commit(
+        ledger: &PostgresLedger,
+        key: IdempotencyKey,
+        fingerprint: PayloadDigest,
+        attempts: u32,
+        value: &[u8],
+    ) -> String {
+        let (schema, prefix) = (&ledger.inner.schema, &ledger.inner.prefix);
         format!(
-            "WITH done AS (UPDATE {} SET state = 'completed', value = decode('{}', 'hex'), \
-             lease_end = NULL, expires_at = clock_timestamp() + {} * interval '1 microsecond' \
-             WHERE {} RETURNING 1) SELECT 1 / count(*)::int FROM done; COMMIT",
-            self.records,
+            "SELECT \"{schema}\".\"{prefix}tx_complete\"({}, {}, {attempts}, \
+             decode('{}', 'hex'), {}); COMMIT",
+            key_literal(key),
+            digest_literal(fingerprint),
             hex(value),
-            sql::micros(ttl),
-            self.row
+            sql::micros(ledger.ttl),
         )
     }
+}
+
+fn digest_literal(digest: PayloadDigest) -> String {
+    format!("decode('{}', 'hex')", hex(&digest.as_u128().to_be_bytes()))
+}
+
+/// The key as a `bytea` literal.
+fn key_literal(key: IdempotencyKey) -> String {
+    format!("decode('{}', 'hex')", hex(&sql::key_bytes(key)))
+}
+
+/// The key's advisory lock: its first 8 bytes. Another key sharing them
+/// (one chance in 2^64) only waits for it.
+fn lock_id(key: IdempotencyKey) -> i64 {
+    let bytes = sql::key_bytes(key);
+    i64::from_be_bytes([
+        bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+    ])
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -428,5 +558,8 @@ mod tests {
     #[test]
     fn keys_are_sent_as_hex() {
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(unhex("000fa5ff"), Some(vec![0x00, 0x0f, 0xa5, 0xff]));
+        assert_eq!(unhex("0g"), None);
+        assert_eq!(unhex("abc"), None);
     }
 }
