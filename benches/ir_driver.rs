@@ -13,7 +13,9 @@
 //! tool and one key derivation, durable or time-bucket scope: the floors),
 //! `off` (engine, no ledger, durable scope), `step` (engine and the memory
 //! ledger, durable scope), `default` (`Context::new`: the memory ledger and
-//! the 5-minute bucket scope).
+//! the 5-minute bucket scope); `off_traced` and `default_traced`: the same
+//! with a `tracing` subscriber installed (`tracing_subscriber::registry()`,
+//! no layer: what any subscriber costs before it does anything).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -26,11 +28,19 @@ fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let (Some(op), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok())) else {
         eprintln!(
-            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default> <N> [prefill]"
+            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default>[_traced] <N> [prefill]"
         );
         return;
     };
     let prefill: u64 = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let op = match op.strip_suffix("_traced") {
+        Some(untraced) => {
+            use tracing_subscriber::util::SubscriberInitExt as _;
+            tracing_subscriber::registry().init();
+            untraced.to_owned()
+        }
+        None => op,
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
     let ledger = Arc::new(MemoryLedger::new());
     let cx = match op.as_str() {

@@ -72,8 +72,9 @@ use crate::audit::AuditEvent;
 #[cfg(feature = "tracing")]
 mod spans {
     use std::fmt;
+    use std::sync::OnceLock;
 
-    use tracing::field::Empty;
+    use tracing::field::{Empty, Field, Value};
 
     use crate::audit::{AuditEvent, CallState};
     use crate::{Context, ErrorClass, KeyScope, Proof, ToolSpec, UnknownReason, Verdict};
@@ -112,12 +113,48 @@ mod spans {
         span
     }
 
+    /// The fields the call's span records after it is made, looked up by
+    /// name once: every call's span comes from the one callsite above, so
+    /// they are the same for all (a lookup by name compares strings field
+    /// by field, on every `record`).
+    struct Fields {
+        key: Field,
+        attempts: Field,
+        outcome: Field,
+        proof: Field,
+        reason: Field,
+        status_code: Field,
+        status_description: Field,
+        error_type: Field,
+    }
+
+    impl Fields {
+        fn of(span: &Span) -> Option<&'static Fields> {
+            static FIELDS: OnceLock<Option<Fields>> = OnceLock::new();
+            let set = span.metadata()?.fields();
+            FIELDS
+                .get_or_init(|| {
+                    Some(Fields {
+                        key: set.field("verified_tools.key")?,
+                        attempts: set.field("verified_tools.attempts")?,
+                        outcome: set.field("verified_tools.outcome")?,
+                        proof: set.field("verified_tools.proof")?,
+                        reason: set.field("verified_tools.reason")?,
+                        status_code: set.field("otel.status_code")?,
+                        status_description: set.field("otel.status_description")?,
+                        error_type: set.field("error.type")?,
+                    })
+                })
+                .as_ref()
+        }
+    }
+
     pub(crate) fn transition(span: &Span, e: &AuditEvent<'_>) {
         if span.is_disabled() {
             return;
         }
-        if let (CallState::Planned, Some(key)) = (e.state, e.key) {
-            span.record("verified_tools.key", tracing::field::display(key));
+        if let (CallState::Planned, Some(key), Some(f)) = (e.state, e.key, Fields::of(span)) {
+            span.record(&f.key, tracing::field::display(key));
         }
         if e.state.is_terminal() {
             end(span, e);
@@ -142,27 +179,32 @@ mod spans {
 
     /// The terminal transition decides the status, so what happened on the
     /// way (a timed-out attempt, an `ERROR` event of the tool) never makes a
-    /// proven success an error.
+    /// proven success an error. One `record_all`: one visit of the
+    /// subscriber for every field of the ending.
     fn end(span: &Span, e: &AuditEvent<'_>) {
-        span.record("verified_tools.attempts", i64::from(e.attempt));
+        let (Some(f), Some(meta)) = (Fields::of(span), span.metadata()) else {
+            return;
+        };
+        let attempts = i64::from(e.attempt);
         let outcome = e.outcome.unwrap_or(state_name(e.state));
-        span.record("verified_tools.outcome", outcome);
-        if let Some(proof) = e.proof {
-            span.record("verified_tools.proof", proof_name(proof));
-        }
-        if let Some(reason) = e.reason {
-            span.record("verified_tools.reason", reason_name(reason));
-        }
-        if e.state == CallState::VerifiedSuccess {
-            span.record("otel.status_code", "OK");
-        } else {
-            span.record("error.type", outcome);
-            // The code before the description: `tracing-opentelemetry` reads
-            // `ERROR` as an error with an empty description, which would
-            // replace one recorded before it.
-            span.record("otel.status_code", "ERROR");
-            span.record("otel.status_description", tracing::field::display(Status(outcome, e)));
-        }
+        let proof = e.proof.map(proof_name);
+        let reason = e.reason.map(reason_name);
+        let ok = e.state == CallState::VerifiedSuccess;
+        let code = if ok { "OK" } else { "ERROR" };
+        let description = tracing::field::display(Status(outcome, e));
+        // The code before the description: `tracing-opentelemetry` reads
+        // `ERROR` as an error with an empty description, which would
+        // replace one recorded before it (a value set is visited in order).
+        let values: [(&Field, Option<&dyn Value>); 7] = [
+            (&f.attempts, Some(&attempts)),
+            (&f.outcome, Some(&outcome)),
+            (&f.proof, proof.as_ref().map(|p| p as &dyn Value)),
+            (&f.reason, reason.as_ref().map(|r| r as &dyn Value)),
+            (&f.error_type, (!ok).then_some(&outcome as &dyn Value)),
+            (&f.status_code, Some(&code)),
+            (&f.status_description, (!ok).then_some(&description as &dyn Value)),
+        ];
+        span.record_all(&meta.fields().value_set(&values));
     }
 
     /// An error status's description, formatted only by a subscriber that

@@ -143,6 +143,8 @@ fn an_event_per_transition_and_an_error_type_in_doubt() {
     let fields = &seen.spans[0].1;
     assert_eq!(fields.get("error.type").map(String::as_str), Some(result.label()));
     assert_eq!(fields.get("otel.status_code").map(String::as_str), Some("ERROR"));
+    let description = fields.get("otel.status_description").map(String::as_str).unwrap_or("");
+    assert!(description.starts_with(result.label()), "{description:?}");
 }
 
 #[test]
@@ -151,4 +153,47 @@ fn no_argument_and_so_no_secret_reaches_a_span_or_an_event() {
     let everything = format!("{seen:?}");
     assert!(!everything.contains("hunter2"), "{everything}");
     assert!(!everything.contains("redacted"), "arguments are not recorded at all");
+}
+
+/// Arguments whose serialization is counted.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl serde::Serialize for Counted {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        s.serialize_str("<redacted>")
+    }
+}
+
+/// Serializations of the audit arguments in one successful call.
+fn serializations(cx: &Context) -> usize {
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = Registry::default().with(Captured::default());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let result: ToolResult<u32, std::io::Error> =
+        tracing::subscriber::with_default(subscriber, || {
+            rt.block_on(engine::call(
+                cx,
+                &SEND,
+                &7u64,
+                &Counted(count.clone()),
+                |_| async { Ok(7) },
+                Some(|_| async { verified_tools::Verdict::Holds(7) }),
+                Codec::serde(),
+            ))
+        });
+    assert!(result.is_success(), "{result:?}");
+    count.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn a_subscriber_alone_serializes_no_argument_and_an_audit_does_once() {
+    assert_eq!(serializations(&cx()), 0, "a span records no argument: nothing to serialize");
+    let audit = Arc::new(verified_tools::audit::MemoryAudit::new());
+    assert_eq!(serializations(&cx().with_audit(audit.clone())), 1);
+    let planned = audit.events();
+    assert!(
+        planned.iter().any(|e| e.args.as_deref() == Some("\"<redacted>\"")),
+        "the audit shows them: {planned:?}"
+    );
 }

@@ -197,7 +197,9 @@ where
         args: None,
         tool,
     };
-    if cx.audit.is_some() || cx.escalation.is_some() || telemetry::listening(&span) {
+    // Only the audit trail and escalation tickets show the arguments (a
+    // span never records them), so a subscriber alone serializes nothing.
+    if cx.audit.is_some() || cx.escalation.is_some() {
         call.args = serde_json::value::to_raw_value(audit_args).ok();
     }
     telemetry::instrument(span, async {

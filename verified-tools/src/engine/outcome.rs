@@ -240,7 +240,9 @@ impl<'a, X: Tool> Call<'a, X> {
     fn emit(&self, state: CallState, detail: Detail<'_, Out<X>, Fail<X>>) {
         let mut text = None;
         let mut e = AuditEvent {
-            at_unix_ms: self.cx.clock().unix_ms(),
+            // The wall clock is read for the audit only (below): a span
+            // keeps its own times.
+            at_unix_ms: 0,
             agent: self.cx.agent(),
             tool: self.spec.name,
             key: self.key,
@@ -296,6 +298,7 @@ impl<'a, X: Tool> Call<'a, X> {
         }
         e.error = text.as_deref();
         if let Some(sink) = &self.cx.audit {
+            e.at_unix_ms = self.cx.clock().unix_ms();
             sink.record(&e);
         }
         telemetry::transition(&self.span, &e);

@@ -63,6 +63,7 @@ impl StoreError {
     }
 
     /// The same failure, its message preceded by `prefix` (a file's path).
+    #[cfg(any(feature = "sqlite", test))]
     pub(crate) fn prefixed(self, prefix: impl fmt::Display) -> Self {
         StoreError { message: format!("{prefix}: {}", self.message), source: self.source }
     }
