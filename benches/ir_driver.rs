@@ -15,20 +15,27 @@
 //! ledger, durable scope), `default` (`Context::new`: the memory ledger and
 //! the 5-minute bucket scope); `off_traced` and `default_traced`: the same
 //! with a `tracing` subscriber installed (`tracing_subscriber::registry()`,
-//! no layer: what any subscriber costs before it does anything).
+//! no layer: what any subscriber costs before it does anything);
+//! `toolset`: `ToolSet::call` of the same tool made with
+//! `#[verified_tool(schema)]`, JSON arguments and a tool-call id per call
+//! (`Context::new`'s memory ledger), against its floor `toolset_floor`:
+//! `DraftArgs::deserialize` of the same JSON `Value`, the tool, and one key
+//! derivation in the tool-call scope.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
+use serde::Deserialize;
 use verified_tools::ledger::MemoryLedger;
+use verified_tools::toolset::Status;
 use verified_tools::{Clock, Context, IdempotencyKey, KeyScope, SystemClock};
-use verified_tools_benches::{call, draft, save_draft};
+use verified_tools_benches::{DraftArgs, call, draft, draft_json, save_draft, tool_set};
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let (Some(op), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok())) else {
         eprintln!(
-            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default>[_traced] <N> [prefill]"
+            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default>[_traced]|toolset|toolset_floor <N> [prefill]"
         );
         return;
     };
@@ -56,6 +63,17 @@ fn main() {
         "step" => (0..n.max(11_000)).map(|i| cx.for_step("run-1", i)).collect(),
         _ => Vec::new(),
     };
+    // `toolset`: the arguments and ids made before the loop, likewise.
+    let json: Vec<(serde_json::Value, String, KeyScope)> = match op.as_str() {
+        "toolset" | "toolset_floor" => (0..n.max(11_000))
+            .map(|i| {
+                let id = format!("call_{i}");
+                (draft_json(i), id.clone(), KeyScope::tool_call(id))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let set = tool_set(Context::new("bench-agent").with_ledger(ledger.clone()));
     rt.block_on(async {
         for i in 0..prefill {
             assert!(call(&cx, u64::MAX - i).await.is_success());
@@ -81,6 +99,20 @@ fn main() {
                     black_box(save_draft(&args).await.ok());
                 }
                 "step" => assert!(call(&steps[i as usize], i).await.is_success()),
+                "toolset" => {
+                    let (args, id, _) = &json[i as usize];
+                    let outcome = set.call("save_draft_json", args, id).await;
+                    assert_eq!(outcome.status, Status::Success, "{outcome:?}");
+                }
+                "toolset_floor" => {
+                    let (args, _, scope) = &json[i as usize];
+                    let args = DraftArgs::deserialize(args).expect("the arguments");
+                    black_box(
+                        IdempotencyKey::derive("bench-agent", "save_draft_json", &args, scope, 0)
+                            .ok(),
+                    );
+                    black_box(black_box(args.user) ^ args.seq);
+                }
                 _ => assert!(call(&cx, i).await.is_success()),
             }
         }

@@ -464,7 +464,9 @@ async fn expired_records_are_purged_records_in_doubt_never() {
 async fn a_dropped_connection_fails_closed_then_reconnects() {
     let Some(url) = server() else { return };
     let admin = admin(&url).await;
-    let ledger = names().connect(&url).await.unwrap();
+    // The claim waits for the lock as long as the test looks for it: with
+    // the default bound (2 s) it gave up before a loaded machine saw it wait.
+    let ledger = names().with_timeout(PATIENCE).connect(&url).await.unwrap();
     let key = k(1);
     left_in_doubt(&ledger, key).await;
 

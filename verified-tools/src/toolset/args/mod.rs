@@ -50,17 +50,22 @@ pub fn check_depth(tool: &'static str, field: &str, value: &Value) -> Result<(),
 /// Whether `value` has more than `limit` levels of arrays and objects. A
 /// scalar has none, `[1]` one, `{"a": [1]}` two.
 pub(crate) fn depth_exceeds(value: &Value, limit: usize) -> bool {
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    let nests = |v: &&Value| matches!(v, Value::Array(_) | Value::Object(_));
+    // Most arguments are scalars: no walk, no stack to allocate.
+    if !nests(&value) {
+        return false;
+    }
+    // Only arrays and objects are stacked, each with its depth.
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
     while let Some((value, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match value {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
-        if depth + 1 > limit {
+        if depth > limit {
             return true;
         }
-        stack.extend(children.map(|child| (child, depth + 1)));
+        match value {
+            Value::Array(items) => stack.extend(items.iter().filter(nests).map(|c| (c, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().filter(nests).map(|c| (c, depth + 1))),
+            _ => {}
+        }
     }
     false
 }
