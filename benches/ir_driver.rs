@@ -20,7 +20,13 @@
 //! `#[verified_tool(schema)]`, JSON arguments and a tool-call id per call
 //! (`Context::new`'s memory ledger), against its floor `toolset_floor`:
 //! `DraftArgs::deserialize` of the same JSON `Value`, the tool, and one key
-//! derivation in the tool-call scope.
+//! derivation in the tool-call scope; `pg_tx` and `pg_raw` (against the
+//! PostgreSQL server of `VT_POSTGRES_URL`): a transactional call
+//! (`PostgresLedger::transact` of one `INSERT`, a step key per call) and
+//! the raw `BEGIN; INSERT; COMMIT` it wraps, each on a client of its own:
+//! the client's instructions per call (the server's work is another
+//! process's); `pg_pairs N`: N interleaved pairs of both, timed, their
+//! quantiles printed (run it natively, not under callgrind).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -35,10 +41,16 @@ fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let (Some(op), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok())) else {
         eprintln!(
-            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default>[_traced]|toolset|toolset_floor <N> [prefill]"
+            "usage: ir_driver <raw|rawkey_step|rawkey_bucket|off|step|default>[_traced]|toolset|toolset_floor|pg_tx|pg_raw|pg_pairs <N> [prefill]"
         );
         return;
     };
+    match op.as_str() {
+        "pg_tx" => return postgres(Pg::Tx, n),
+        "pg_raw" => return postgres(Pg::Raw, n),
+        "pg_pairs" => return postgres(Pg::Pairs, n),
+        _ => {}
+    }
     let prefill: u64 = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let op = match op.strip_suffix("_traced") {
         Some(untraced) => {
@@ -116,5 +128,85 @@ fn main() {
                 _ => assert!(call(&cx, i).await.is_success()),
             }
         }
+    });
+}
+
+static PAY: verified_tools::ToolSpec =
+    verified_tools::ToolSpec::new("pay", verified_tools::SideEffect::High);
+
+/// Which side of [`postgres`] runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Pg {
+    /// Transactional calls only.
+    Tx,
+    /// Raw transactions only.
+    Raw,
+    /// Both, interleaved, each on a client of its own; quantiles printed.
+    Pairs,
+}
+
+/// `n` transactional calls, raw transactions, or pairs of both, each an
+/// `INSERT` into a table of a scratch schema, dropped at the end.
+fn postgres(which: Pg, n: u64) {
+    use tokio_postgres::NoTls;
+    use verified_tools::ledger::{PostgresLedger, TxError};
+    let Ok(url) = std::env::var("VT_POSTGRES_URL") else {
+        eprintln!("ir_driver pg_*: set VT_POSTGRES_URL (`eval \"$(bash .ci/postgres.sh)\"`)");
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let schema = format!("vt_ir_{}", std::process::id());
+        let ledger =
+            PostgresLedger::builder().with_schema(&schema).connect(&url).await.expect("postgres");
+        let connect = || async {
+            let (client, connection) =
+                tokio_postgres::connect(&url, NoTls).await.expect("postgres");
+            tokio::spawn(connection);
+            client
+        };
+        let (mut ours, mut theirs) = (connect().await, connect().await);
+        let table = format!("\"{schema}\".payments");
+        ours.batch_execute(&format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, n bigint)"))
+            .await
+            .expect("the table");
+        let insert = format!("INSERT INTO {table} (n) VALUES ($1)");
+        let insert = insert.as_str();
+        let cx = Context::new("bench-agent");
+        let mut times = [Vec::new(), Vec::new()];
+        let rounds = if which == Pg::Pairs { 2 * n } else { n };
+        for i in 0..rounds {
+            let tx = match which {
+                Pg::Pairs => i % 2 == 0,
+                side => side == Pg::Tx,
+            };
+            let started = std::time::Instant::now();
+            let value = i64::try_from(i).unwrap_or(i64::MAX);
+            if tx {
+                let cx = cx.for_step("pay", i);
+                let paid: verified_tools::ToolResult<(), TxError<tokio_postgres::Error>> = ledger
+                    .transact(&cx, &PAY, &mut ours, &i, &i, |tx| {
+                        Box::pin(async move {
+                            tx.execute(insert, &[&value]).await?;
+                            Ok(())
+                        })
+                    })
+                    .await;
+                assert!(paid.is_success(), "{paid:?}");
+            } else {
+                let t = theirs.transaction().await.expect("BEGIN");
+                t.execute(insert, &[&value]).await.expect("INSERT");
+                t.commit().await.expect("COMMIT");
+            }
+            times[usize::from(!tx)].push(started.elapsed());
+        }
+        if which == Pg::Pairs {
+            for (name, t) in ["transactional", "raw"].iter().zip(&mut times) {
+                t.sort();
+                let q = |p: usize| t[(t.len() - 1) * p / 100];
+                println!("{name}: p10 {:?} p50 {:?} p90 {:?} p99 {:?}", q(10), q(50), q(90), q(99));
+            }
+        }
+        ours.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await.expect("drop");
     });
 }
