@@ -25,8 +25,9 @@
 //! (`PostgresLedger::transact` of one `INSERT`, a step key per call) and
 //! the raw `BEGIN; INSERT; COMMIT` it wraps, each on a client of its own:
 //! the client's instructions per call (the server's work is another
-//! process's); `pg_pairs N`: N interleaved pairs of both, timed, their
-//! quantiles printed (run it natively, not under callgrind).
+//! process's); `pg_pairs N`: N interleaved pairs of both. Each prints the
+//! quantiles of its calls' times (meaningful natively, not under
+//! callgrind).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -200,8 +201,8 @@ fn postgres(which: Pg, n: u64) {
             }
             times[usize::from(!tx)].push(started.elapsed());
         }
-        if which == Pg::Pairs {
-            for (name, t) in ["transactional", "raw"].iter().zip(&mut times) {
+        for (name, t) in ["transactional", "raw"].iter().zip(&mut times) {
+            if !t.is_empty() {
                 t.sort();
                 let q = |p: usize| t[(t.len() - 1) * p / 100];
                 println!("{name}: p10 {:?} p50 {:?} p90 {:?} p99 {:?}", q(10), q(50), q(90), q(99));
