@@ -434,3 +434,68 @@ async fn the_attribute_form_commits_once_per_payment_whoever_asks() {
     assert_eq!(shop.rows(5).await, 1);
     assert_eq!(book_spec().name, "book");
 }
+
+/// A link that hands the server's answers to the client a byte at a time,
+/// as a slow or congested network can: the opening's answer then arrives
+/// in as many parts as it has messages.
+async fn trickling(upstream: u16) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("bound").port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                return;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buffer = [0u8; 4096];
+                while let Ok(n @ 1..) = server_read.read(&mut buffer).await {
+                    for byte in &buffer[..n] {
+                        if client_write.write_all(std::slice::from_ref(byte)).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_micros(100)).await;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The opening's answer, in parts, with the body's statement queued behind
+/// it: the call reads the parts as they come. (tokio-postgres holds back
+/// every later answer on a connection until an earlier one is read: a call
+/// that awaited the opening only after its body hung there, holding the
+/// key's lock, as one worker of `processes.rs` did once.)
+#[tokio::test]
+async fn an_opening_answered_in_parts_does_not_hold_the_bodys_answer_back() {
+    let Some(shop) = Shop::open("trickle").await else { return };
+    let config: Config = shop.url.parse().expect("VT_POSTGRES_URL parses");
+    let upstream = config.get_ports().first().copied().unwrap_or(5432);
+    let mut through = Config::new();
+    through.host("127.0.0.1").port(trickling(upstream).await);
+    through.user(config.get_user().unwrap_or("postgres"));
+    if let Some(db) = config.get_dbname() {
+        through.dbname(db);
+    }
+    if let Some(password) = config.get_password() {
+        through.password(password);
+    }
+    let (mut client, connection) = through.connect(NoTls).await.expect("through the link");
+    tokio::spawn(connection);
+    let cx = Context::new("billing").for_step("order-trickle", 1);
+    let runs = AtomicU32::new(0);
+    let paid =
+        tokio::time::timeout(Duration::from_secs(30), shop.pay(&cx, &PAY, &mut client, 21, &runs))
+            .await
+            .expect("the call ends");
+    assert!(matches!(paid, ToolResult::Success { proof: Proof::Response, .. }), "{paid:?}");
+    assert_eq!(shop.rows(21).await, 1);
+}

@@ -237,8 +237,23 @@ where
             Poll::Pending => None,
         };
         let tx = Tx { client: self.client, key: attempt.key, attempt: attempt.number };
-        let body = (self.body)(&tx).await;
-        let opened = match early {
+        // The opening's answer is read while the body runs: tokio-postgres
+        // holds back every later answer on the connection (the body's) until
+        // an earlier one is read, and the opening's can come in parts (before
+        // and after it waits for the key's lock). Awaited only after the
+        // body, it hung the call holding the key's lock.
+        let mut opened = early;
+        let mut body = std::pin::pin!((self.body)(&tx));
+        let body = std::future::poll_fn(|cx| {
+            if opened.is_none()
+                && let Poll::Ready(answer) = opening.as_mut().poll(cx)
+            {
+                opened = Some(answer);
+            }
+            body.as_mut().poll(cx)
+        })
+        .await;
+        let opened = match opened {
             Some(answer) => answer,
             None => opening.await,
         };
