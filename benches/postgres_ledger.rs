@@ -514,36 +514,12 @@ fn transactional(
         (ours, theirs)
     });
     let cx = Context::new("bench-agent");
-    let (mut with_tool, mut raw) = (Vec::new(), Vec::new());
-    rt.block_on(async {
-        for i in 0..PAIRS {
-            for tool_first in [i % 2 == 0, i % 2 != 0] {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let start = Instant::now();
-                if tool_first {
-                    pay(ledger, &cx, &mut ours_client, &table, n).await;
-                    with_tool.push(start.elapsed());
-                } else {
-                    pay_raw(&mut theirs, &table, n).await;
-                    raw.push(start.elapsed());
-                }
-            }
-        }
-    });
-    let (ours, floor) = (median(with_tool), median(raw));
-    println!(
-        "postgres_ledger: medians of {PAIRS} interleaved pairs: a transactional call {ours:?}, \
-         raw BEGIN + INSERT + COMMIT {floor:?}, ratio {:.2}",
-        ours.as_secs_f64() / floor.as_secs_f64()
-    );
-    // Interleaving flatters the raw side on this VM (each raw transaction
-    // right after a call on another connection ran about twice as fast as
-    // back to back): blocks of each side back to back, alternating.
-    let (mut with_tool, mut raw) = (Vec::new(), Vec::new());
-    rt.block_on(async {
-        for block in 0..BLOCKS * 2 {
-            let tool = block % 2 == 0;
-            for _ in 0..PAIRS / BLOCKS {
+    // One call per entry of `order` (`true`: the transactional call), timed;
+    // the medians of each side.
+    let mut medians = |order: &mut dyn Iterator<Item = bool>| {
+        let (mut with_tool, mut raw) = (Vec::new(), Vec::new());
+        rt.block_on(async {
+            for tool in order {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let start = Instant::now();
                 if tool {
@@ -554,9 +530,21 @@ fn transactional(
                     raw.push(start.elapsed());
                 }
             }
-        }
-    });
-    let (ours, floor) = (median(with_tool), median(raw));
+        });
+        (median(with_tool), median(raw))
+    };
+    let (ours, floor) = medians(&mut (0..PAIRS).flat_map(|i| [i % 2 == 0, i % 2 != 0]));
+    println!(
+        "postgres_ledger: medians of {PAIRS} interleaved pairs: a transactional call {ours:?}, \
+         raw BEGIN + INSERT + COMMIT {floor:?}, ratio {:.2}",
+        ours.as_secs_f64() / floor.as_secs_f64()
+    );
+    // Interleaving flatters the raw side on this VM (each raw transaction
+    // right after a call on another connection ran about twice as fast as
+    // back to back): blocks of each side back to back, alternating.
+    let blocks =
+        (0..BLOCKS * 2).flat_map(|b| std::iter::repeat_n(b % 2 == 0, (PAIRS / BLOCKS) as usize));
+    let (ours, floor) = medians(&mut blocks.into_iter());
     println!(
         "postgres_ledger: medians of {PAIRS} calls per side in {BLOCKS} alternating blocks: a \
          transactional call {ours:?}, raw BEGIN + INSERT + COMMIT {floor:?}, ratio {:.2}",
