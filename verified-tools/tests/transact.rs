@@ -499,3 +499,18 @@ async fn an_opening_answered_in_parts_does_not_hold_the_bodys_answer_back() {
     assert!(matches!(paid, ToolResult::Success { proof: Proof::Response, .. }), "{paid:?}");
     assert_eq!(shop.rows(21).await, 1);
 }
+
+/// The transactional tool's record is in its own database: a context
+/// without a ledger of its own makes the call as any other.
+#[tokio::test]
+async fn a_context_without_a_ledger_still_commits_the_record_with_the_row() {
+    let Some(shop) = Shop::open("noledger").await else { return };
+    let mut client = connect(&shop.url).await;
+    let cx = Context::new("billing").without_ledger().for_step("order-nl", 1);
+    let runs = AtomicU32::new(0);
+    let paid = shop.pay(&cx, &PAY, &mut client, 31, &runs).await;
+    let ToolResult::Success { key, .. } = paid else { panic!("{paid:?}") };
+    assert_eq!(shop.rows(31).await, 1);
+    let record = shop.ledger.record(key).await.expect("readable").expect("recorded");
+    assert_eq!(record.state, RecordState::Completed);
+}
