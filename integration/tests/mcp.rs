@@ -189,6 +189,111 @@ async fn rmcp_client_lists_calls_and_replays() {
     serving.await.expect("the server ends");
 }
 
+/// A tool defined at run time (as a gateway would, from another server's
+/// `tools/list`): a counter that adds what it is asked to, once per key.
+mod run_time {
+    use std::sync::Mutex;
+
+    use serde_json::{Value, json};
+    use verified_tools::engine::{self, Attempt};
+    use verified_tools::toolset::{DynTool, JsonObject, ToolFuture, ToolOutcome, json_payload};
+    use verified_tools::{Context, IdempotencyKey, SideEffect, Tool, ToolSpec, Verdict};
+
+    /// What the upstream applied, by key.
+    #[derive(Default)]
+    pub struct Counter(pub Mutex<Vec<(IdempotencyKey, i64)>>);
+
+    pub struct Add(pub &'static ToolSpec, pub JsonObject);
+
+    struct Adding<'a>(&'static ToolSpec, &'a Counter, i64);
+
+    impl Tool for Adding<'_> {
+        type Output = i64;
+        type Error = std::io::Error;
+        fn spec(&self) -> &'static ToolSpec {
+            self.0
+        }
+        async fn dispatch(&mut self, attempt: Attempt) -> Result<i64, std::io::Error> {
+            let mut applied = self.1.0.lock().unwrap();
+            applied.push((attempt.key, self.2));
+            Ok(applied.iter().map(|(_, n)| n).sum())
+        }
+        async fn verify(&mut self, key: IdempotencyKey) -> Verdict<i64> {
+            let applied = self.1.0.lock().unwrap();
+            match applied.iter().any(|(k, _)| *k == key) {
+                true => Verdict::Holds(applied.iter().map(|(_, n)| n).sum()),
+                false => Verdict::Absent,
+            }
+        }
+    }
+
+    impl DynTool<Counter> for Add {
+        fn spec(&self) -> &'static ToolSpec {
+            self.0
+        }
+        fn input_schema(&self) -> JsonObject {
+            self.1.clone()
+        }
+        fn call<'a>(&'a self, cx: &'a Context, up: &'a Counter, args: &'a Value) -> ToolFuture<'a> {
+            Box::pin(async move {
+                let payload = match json_payload(self.0, args) {
+                    Ok(payload) => payload,
+                    Err(error) => return ToolOutcome::invalid_arguments(&error),
+                };
+                let n = args["n"].as_i64().unwrap_or(0);
+                ToolOutcome::from_result(
+                    engine::run(cx, Adding(self.0, up, n), &payload, args).await,
+                )
+            })
+        }
+    }
+
+    pub fn add_tool() -> Add {
+        static ADD: ToolSpec = ToolSpec::new("add", SideEffect::High)
+            .with_verifier()
+            .with_description("Adds n to the counter.");
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        Add(&ADD, schema.as_object().unwrap().clone())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rmcp_client_lists_and_calls_a_tool_defined_at_run_time() {
+    let set = verified_tools::toolset::ToolSet::new(run_time::Counter::default())
+        .with_dyn(run_time::add_tool());
+    let mcp = McpServer::new(set);
+    let handle = mcp.clone();
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    let serving = tokio::spawn(async move {
+        let running = mcp.serve(server_io).await.expect("handshake");
+        let _ = running.waiting().await;
+    });
+    let client = ().serve(client_io).await.expect("the client connects");
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    assert_eq!(tools.len(), 1);
+    assert_eq!(
+        (tools[0].name.as_ref(), tools[0].description.as_deref()),
+        ("add", Some("Adds n to the counter."))
+    );
+    assert_eq!(tools[0].input_schema["properties"]["n"]["type"], "integer");
+    let hints = tools[0].annotations.as_ref().expect("annotations");
+    assert_eq!((hints.read_only_hint, hints.destructive_hint), (Some(false), Some(true)));
+
+    let first =
+        client.call_tool(with_id("add", json!({"n": 5}), "call-1")).await.expect("tools/call");
+    let first = first.structured_content.expect("structured");
+    assert_eq!((&first["status"], &first["value"]), (&json!("success"), &json!(5)));
+    let again =
+        client.call_tool(with_id("add", json!({"n": 5}), "call-1")).await.expect("tools/call");
+    let again = again.structured_content.expect("structured");
+    assert_eq!((&again["proof"], &again["key"]), (&json!("ledger"), &first["key"]));
+    assert_eq!(handle.tool_set().state().0.lock().unwrap().len(), 1, "replayed, not added again");
+
+    client.cancel().await.expect("the client closes");
+    serving.await.expect("the server ends");
+}
+
 /// The python of `VT_MCP_PYTHON` and the built server, or `None` (after
 /// saying what is missing; a failure under `CI=true`).
 fn python_and_server() -> Option<(std::ffi::OsString, PathBuf)> {

@@ -12,6 +12,10 @@
 //!   (`mcp_annotations` from what a tool declares: its class, effect kind
 //!   and effect identity); dispatches a call by name, with the provider's
 //!   tool-call id as the request identity of the logical call.
+//! - `DynTool` (feature `schema`): the one trait the set holds its tools
+//!   by. The generated descriptors implement it, and so does a tool defined
+//!   while the program runs (one proxied to another MCP server), with
+//!   `json_payload` for the key of its JSON arguments.
 //! - `verified_tools::mcp` (feature `mcp`) serves a tool set over MCP.
 //!
 //! # Hostile arguments
@@ -40,6 +44,8 @@ mod checks;
 #[cfg(feature = "schema")]
 mod def;
 #[cfg(feature = "schema")]
+mod dynamic;
+#[cfg(feature = "schema")]
 #[doc(hidden)]
 pub mod schema;
 #[cfg(feature = "schema")]
@@ -56,6 +62,8 @@ pub use args::parse_arguments;
 pub use checks::{CHECK_TOOL, Reconciled};
 #[cfg(feature = "schema")]
 pub use def::{CallFn, Has, SchemaFn, ToolDef, ToolFuture};
+#[cfg(feature = "schema")]
+pub use dynamic::{DynTool, JsonFields, JsonPayload, json_payload};
 #[cfg(feature = "schema")]
 pub use schema::JsonObject;
 #[cfg(feature = "schema")]

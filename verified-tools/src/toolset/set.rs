@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::checks::{CHECK_DESCRIPTION, CHECK_TOOL, Pending, Pendings, Reconciled, check_schema};
 use super::schema::JsonObject;
-use super::{Status, ToolDef, ToolOutcome};
+use super::{DynTool, Status, ToolDef, ToolOutcome};
 use crate::{ArgsError, Context, EffectKind, IdempotencyKey, SideEffect, ToolSpec};
 
 /// One value that lists a group of verified tools in the formats models are
@@ -80,20 +80,48 @@ pub struct ToolSet<S> {
     checks: Option<Pendings>,
 }
 
-/// A tool with its schemas, built once.
+/// A tool with its name and schemas, read once.
 struct Listed<S> {
-    def: ToolDef<S>,
+    name: &'static str,
+    tool: Entry<S>,
     input: JsonObject,
     output: Option<JsonObject>,
 }
 
+/// A tool of the set. A generated one is kept as it is: it needs neither a
+/// box nor a state that lives forever (a `ToolSet<&App>` lists it too).
+enum Entry<S> {
+    Def(ToolDef<S>),
+    Dyn(Box<dyn DynTool<S>>),
+}
+
 impl<S> Listed<S> {
+    fn tool(&self) -> &dyn DynTool<S> {
+        match &self.tool {
+            Entry::Def(def) => def,
+            Entry::Dyn(tool) => &**tool,
+        }
+    }
+
+    /// A generated tool is called through its entry point directly.
+    fn call<'a>(
+        &'a self,
+        cx: &'a Context,
+        state: &'a S,
+        arguments: &'a Value,
+    ) -> super::ToolFuture<'a> {
+        match &self.tool {
+            Entry::Def(def) => def.call(cx, state, arguments),
+            Entry::Dyn(tool) => tool.call(cx, state, arguments),
+        }
+    }
+
     /// What every listing format has: `name`, `description` (when there is
     /// one) and the arguments' schema under `schema_key`.
     fn entry(&self, schema_key: &str) -> Map<String, Value> {
         let mut entry = Map::new();
-        entry.insert("name".to_owned(), self.def.name().into());
-        if let Some(description) = description(&self.def) {
+        entry.insert("name".to_owned(), self.name.into());
+        if let Some(description) = description(self.tool().spec()) {
             entry.insert("description".to_owned(), description.into());
         }
         entry.insert(schema_key.to_owned(), Value::Object(self.input.clone()));
@@ -134,22 +162,40 @@ impl<S> ToolSet<S> {
         self.checks.as_ref().map_or(0, Pendings::len)
     }
 
-    /// Adds a tool.
+    /// Adds a tool: what `<name>_tool()` returns.
     ///
     /// # Panics
     ///
     /// If a tool of the same name is already in the set: a model could not
     /// tell them apart.
     #[must_use]
-    pub fn with(mut self, tool: ToolDef<S>) -> Self {
+    pub fn with(self, tool: ToolDef<S>) -> Self {
+        self.listing(Entry::Def(tool))
+    }
+
+    /// Adds a tool defined at run time (one proxied to another MCP server,
+    /// say): anything that implements [`DynTool`]. It is listed, called,
+    /// checked and served over MCP as a generated tool is.
+    ///
+    /// # Panics
+    ///
+    /// If a tool of the same name is already in the set.
+    #[must_use]
+    pub fn with_dyn(self, tool: impl DynTool<S> + 'static) -> Self {
+        self.listing(Entry::Dyn(Box::new(tool)))
+    }
+
+    fn listing(mut self, tool: Entry<S>) -> Self {
+        let mut listed = Listed { name: "", tool, input: JsonObject::new(), output: None };
+        let name = listed.tool().name();
+        listed.name = name;
         assert!(
-            self.get(tool.name()).is_none() && (self.checks.is_none() || tool.name() != CHECK_TOOL),
-            "tool `{}` is already in the set: give one of them another `name = \"..\"`",
-            tool.name()
+            self.get(name).is_none() && (self.checks.is_none() || name != CHECK_TOOL),
+            "tool `{name}` is already in the set: give one of them another `name = \"..\"`",
         );
-        let input = tool.input_schema();
-        let output = tool.output_schema();
-        self.tools.push(Listed { def: tool, input, output });
+        listed.input = listed.tool().input_schema();
+        listed.output = listed.tool().output_schema();
+        self.tools.push(listed);
         self
     }
 
@@ -174,13 +220,17 @@ impl<S> ToolSet<S> {
     }
 
     /// The tools, in the order they were added.
-    pub fn tools(&self) -> impl ExactSizeIterator<Item = &ToolDef<S>> {
-        self.tools.iter().map(|t| &t.def)
+    pub fn tools(&self) -> impl ExactSizeIterator<Item = &dyn DynTool<S>> {
+        self.tools.iter().map(Listed::tool)
     }
 
     /// The tool named `name`.
-    pub fn get(&self, name: &str) -> Option<&ToolDef<S>> {
-        self.tools.iter().map(|t| &t.def).find(|t| t.name() == name)
+    pub fn get(&self, name: &str) -> Option<&dyn DynTool<S>> {
+        self.listed(name).map(Listed::tool)
+    }
+
+    fn listed(&self, name: &str) -> Option<&Listed<S>> {
+        self.tools.iter().find(|t| t.name == name)
     }
 
     /// Whether the set answers calls of `name`: one of its tools, or
@@ -191,7 +241,7 @@ impl<S> ToolSet<S> {
 
     /// The tools' names, in order.
     pub fn names(&self) -> impl ExactSizeIterator<Item = &'static str> + '_ {
-        self.tools.iter().map(|t| t.def.name())
+        self.tools.iter().map(|t| t.name)
     }
 
     /// The tools as OpenAI chat completions' `tools` (also what vLLM,
@@ -234,7 +284,7 @@ impl<S> ToolSet<S> {
                     if let Some(output) = &t.output {
                         tool.insert("outputSchema".to_owned(), Value::Object(output.clone()));
                     }
-                    tool.insert("annotations".to_owned(), mcp_annotations(t.def.spec()));
+                    tool.insert("annotations".to_owned(), mcp_annotations(t.tool().spec()));
                     Value::Object(tool)
                 })
                 .chain(self.check_entry("inputSchema").map(|mut entry| {
@@ -280,11 +330,11 @@ impl<S: Sync> ToolSet<S> {
         if self.checks.is_some() && name == CHECK_TOOL {
             return self.check_call(arguments).await;
         }
-        let Some(tool) = self.get(name) else { return self.no_such_tool(name) };
+        let Some(tool) = self.listed(name) else { return self.no_such_tool(name) };
         let outcome = tool.call(cx, &self.state, arguments).await;
         if let Some(checks) = &self.checks {
             let pending = || Pending {
-                tool: tool.name(),
+                tool: tool.name,
                 arguments: arguments.clone(),
                 scope: cx.scope().cloned(),
             };
@@ -300,7 +350,7 @@ impl<S: Sync> ToolSet<S> {
     pub async fn check(&self, key: IdempotencyKey) -> Option<ToolOutcome> {
         let checks = self.checks.as_ref()?;
         let pending = checks.get(key)?;
-        let tool = self.get(pending.tool)?;
+        let tool = self.listed(pending.tool)?;
         let cx = match pending.scope {
             Some(scope) => self.context.clone().with_scope(scope),
             None => self.context.clone(),
@@ -396,8 +446,8 @@ impl<S> fmt::Debug for ToolSet<S> {
     }
 }
 
-fn description<S>(tool: &ToolDef<S>) -> Option<&'static str> {
-    Some(tool.spec().description).filter(|d| !d.is_empty())
+fn description(spec: &ToolSpec) -> Option<&'static str> {
+    Some(spec.description).filter(|d| !d.is_empty())
 }
 
 /// The check tool, as [`mcp_annotations`] sees it: a read.
