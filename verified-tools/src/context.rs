@@ -1,50 +1,13 @@
 //! The context every wrapped call receives.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::audit::AuditSink;
+use crate::clock::{Clock, SystemClock};
 use crate::escalation::Escalation;
 use crate::ledger::{Ledger, MemoryLedger};
 use crate::{KeyScope, Mode, RetryPolicy, SideEffect, ToolSpec};
-
-/// A source of "now" for key time buckets and audit timestamps.
-pub trait Clock: Send + Sync {
-    /// Milliseconds since the Unix epoch.
-    fn unix_ms(&self) -> u64;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn unix_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-    }
-}
-
-/// A clock that follows tokio's time, so paused-time tests and simulations
-/// get deterministic time buckets.
-#[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
-    origin_unix_ms: u64,
-    origin: tokio::time::Instant,
-}
-
-impl TokioClock {
-    /// A clock that reads `origin_unix_ms` now and advances with tokio time.
-    pub fn starting_at(origin_unix_ms: u64) -> Self {
-        Self { origin_unix_ms, origin: tokio::time::Instant::now() }
-    }
-}
-
-impl Clock for TokioClock {
-    fn unix_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.origin_unix_ms.saturating_add(elapsed)
-    }
-}
 
 /// What a call does when the ledger's store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -283,7 +246,12 @@ impl Context {
         self
     }
 
-    /// Sets the clock.
+    /// Sets the clock: the wall clock of key buckets and audit timestamps,
+    /// and the monotonic clock the engine measures its deadlines, backoff,
+    /// settle points and waits on ([`Clock`]). A clock of another
+    /// executor's timers runs calls without a tokio runtime; give the
+    /// context's [`MemoryLedger`] the same clock
+    /// ([`MemoryLedger::with_clock`]) when it is not tokio's.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self

@@ -291,8 +291,15 @@ impl Timeline {
     }
 }
 
+/// A century: how far ahead a deadline saturates.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// `at + d`, saturating about a century ahead instead of overflowing.
 pub(crate) fn later(at: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(d.min(CENTURY)).unwrap_or(at)
+}
+
+/// [`later`] on the standard library's `Instant`.
+pub(crate) fn later_std(at: std::time::Instant, d: Duration) -> std::time::Instant {
     at.checked_add(d.min(CENTURY)).unwrap_or(at)
 }

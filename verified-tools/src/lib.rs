@@ -158,6 +158,7 @@
 
 pub mod audit;
 mod classify;
+mod clock;
 mod context;
 pub mod deadline;
 pub mod engine;
@@ -179,7 +180,8 @@ pub mod toolset;
 mod verdict;
 
 pub use classify::{Classified, Classify, ErrorClass};
-pub use context::{Clock, Context, InFlight, LedgerOutage, SystemClock, TokioClock};
+pub use clock::{Clock, Sleep, SystemClock, TokioClock};
+pub use context::{Context, InFlight, LedgerOutage};
 pub use deadline::Deadline;
 pub use escalation::Escalation;
 pub use holder::{HoldLost, Holder};

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep};
+use crate::clock;
 
 use super::decide::Event;
 use super::decide::Stage;
@@ -106,7 +106,7 @@ impl<'a, X: Tool> Call<'a, X> {
                     // The budget is per logical call: earlier attempts count.
                     self.facts.attempts = progress.attempts;
                     self.facts.after_ok = progress.after_ok;
-                    let at = self.timeline.at(Instant::now());
+                    let at = self.timeline.at(self.now());
                     self.timeline.resumed(at, progress.settle);
                     // Say only what the record shows: a record whose
                     // attempts are none (made by a check, or resolved not
@@ -137,14 +137,15 @@ impl<'a, X: Tool> Call<'a, X> {
                     return Err(ToolResult::Refused(CallError::KeyReuse { tool, key }));
                 }
                 Claimed::InFlight(lease_left) => {
-                    let waited = waiting_since.get_or_insert(request.now).elapsed();
+                    let since = *waiting_since.get_or_insert(request.now);
+                    let waited = self.now().saturating_duration_since(since);
                     match cx.in_flight() {
                         crate::InFlight::Wait { poll, max } if waited < max => {
                             self.stage = Stage::Waiting;
                             let step = poll.min(max - waited).min(lease_left);
-                            sleep(step.max(Duration::from_millis(1))).await;
+                            clock::sleep(cx.clock(), step.max(Duration::from_millis(1))).await;
                             self.stage = Stage::Claiming;
-                            request.now = Instant::now();
+                            request.now = self.now();
                         }
                         _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
                     }

@@ -42,10 +42,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::Instant;
 
 use self::decide::{Event, Facts, Next, Rules, Stage};
 use crate::audit::{CallIdentity, CallState};
+use crate::clock;
 use crate::deadline::Timeline;
 use crate::key::{Derived, Payload};
 use crate::ledger::{ClaimRequest, Codec, End, LedgerError, Progress};
@@ -171,7 +172,7 @@ where
         verify_response: policy.verify_response,
         check: cx.is_check(),
     };
-    let started = Instant::now();
+    let started = Instant::from_std(cx.clock().now());
     let timeline =
         Timeline::new(started, policy.call_timeout, policy.attempt_timeout, policy.settle);
     let span = telemetry::call(cx, spec);
@@ -324,12 +325,14 @@ impl<'a, X: Tool> Call<'a, X> {
     /// Runs the call within its deadline. A call that never waits (the tool
     /// answers on its first poll) never arms the timer.
     async fn bounded<P: Payload + ?Sized>(&mut self, payload: &P) -> ToolResult<Out<X>, Fail<X>> {
-        let timeline = self.timeline;
+        let (timeline, cx) = (self.timeline, self.cx);
         let outcome = {
             let mut run = std::pin::pin!(self.run(payload));
             match std::future::poll_fn(|task| Poll::Ready(run.as_mut().poll(task))).await {
                 Poll::Ready(result) => Some(result),
-                Poll::Pending => timeout_at(timeline.call_deadline(), run).await.ok(),
+                Poll::Pending => {
+                    clock::within(cx.clock(), timeline.call_deadline().into_std(), run).await
+                }
             }
         };
         match outcome {
@@ -378,7 +381,8 @@ impl<'a, X: Tool> Call<'a, X> {
         loop {
             let next = self.rules.next(&mut self.facts, event);
             if decide::backs_off(event, next) {
-                sleep(self.policy.base.backoff.delay(self.facts.attempts, self.key())).await;
+                let delay = self.policy.base.backoff.delay(self.facts.attempts, self.key());
+                clock::sleep(self.cx.clock(), delay).await;
             }
             event = match next {
                 Next::Dispatch => self.attempt().await,
@@ -430,11 +434,8 @@ impl<'a, X: Tool> Call<'a, X> {
         let key = self.key();
         // The first attempt uses the call's start: no second clock read on
         // the success path (its deadline is a little earlier, never later).
-        let now = if self.facts.attempts == 0 {
-            Duration::ZERO
-        } else {
-            self.timeline.at(Instant::now())
-        };
+        let now =
+            if self.facts.attempts == 0 { Duration::ZERO } else { self.timeline.at(self.now()) };
         let deadline = self.timeline.attempt(now);
         // Counted once announced: an attempt whose write-through failed
         // never left.
@@ -512,7 +513,7 @@ impl<'a, X: Tool> Call<'a, X> {
         attempt: Attempt,
         deadline: Deadline,
     ) -> Result<Option<Result<Out<X>, Fail<X>>>, Box<dyn Any + Send>> {
-        let tool = &mut self.tool;
+        let (tool, clock) = (&mut self.tool, self.cx.clock());
         let future = std::panic::catch_unwind(AssertUnwindSafe(|| tool.dispatch(attempt)))?;
         let mut future = std::pin::pin!(catch_unwind(future));
         // A tool that answers on its first poll never arms the timer: the
@@ -520,10 +521,12 @@ impl<'a, X: Tool> Call<'a, X> {
         let first = std::future::poll_fn(|task| Poll::Ready(future.as_mut().poll(task))).await;
         match first {
             Poll::Ready(answer) => answer.map(Some),
-            Poll::Pending => match timeout_at(deadline.instant(), future).await {
-                Ok(answer) => answer.map(Some),
-                Err(_) => Ok(None),
-            },
+            Poll::Pending => {
+                match clock::within(clock, deadline.instant().into_std(), future).await {
+                    Some(answer) => answer.map(Some),
+                    None => Ok(None),
+                }
+            }
         }
     }
 
@@ -551,6 +554,11 @@ impl<'a, X: Tool> Call<'a, X> {
             _ => UnknownReason::LedgerUnavailable,
         };
         Event::Halted(reason)
+    }
+
+    /// Now, on the context's clock.
+    fn now(&self) -> Instant {
+        Instant::from_std(self.cx.clock().now())
     }
 
     fn key(&self) -> IdempotencyKey {

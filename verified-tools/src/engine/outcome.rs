@@ -250,7 +250,7 @@ impl<'a, X: Tool> Call<'a, X> {
             effect_key: self.spec.effect_key,
             state,
             attempt: self.facts.attempts,
-            elapsed_ms: self.started.elapsed().as_millis() as u64,
+            elapsed_ms: self.now().saturating_duration_since(self.started).as_millis() as u64,
             deadline_ms: None,
             verdict: None,
             settled: None,

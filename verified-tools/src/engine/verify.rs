@@ -3,12 +3,11 @@
 
 use std::panic::AssertUnwindSafe;
 
-use tokio::time::{Instant, sleep, sleep_until, timeout_at};
-
 use super::decide::Event;
 use super::outcome::Detail;
 use super::{Call, Out, catch_unwind};
 use crate::audit::CallState;
+use crate::clock;
 use crate::ledger::Progress;
 use crate::tool::Tool;
 use crate::{Cause, Verdict};
@@ -21,7 +20,7 @@ impl<'a, X: Tool> Call<'a, X> {
             // An OK answer the verifier must confirm: the service may still
             // hide it for the settle margin. Nothing more goes out under the
             // key (a takeover must know).
-            let now = self.timeline.at(Instant::now());
+            let now = self.timeline.at(self.now());
             self.timeline.dispatched(now);
             self.cause = Some(Cause::Unconfirmed);
             if let Some(hold) = &self.hold {
@@ -38,7 +37,7 @@ impl<'a, X: Tool> Call<'a, X> {
         let budget = self.policy.base.verify;
         for read in 0..budget.reads.max(1) {
             if read > 0 {
-                sleep(budget.interval).await;
+                clock::sleep(self.cx.clock(), budget.interval).await;
             }
             if let Some(event) = self.read().await {
                 return event;
@@ -47,9 +46,9 @@ impl<'a, X: Tool> Call<'a, X> {
         // The reads ran out before the last attempt settled: wait for it and
         // read once more, if the call's deadline comes later.
         if let Some(at) = self.timeline.settles_in_time()
-            && self.timeline.at(Instant::now()) < at
+            && self.timeline.at(self.now()) < at
         {
-            sleep_until(self.timeline.instant(at)).await;
+            self.cx.clock().sleep_until(self.timeline.instant(at).into_std()).await;
             if let Some(event) = self.read().await {
                 return event;
             }
@@ -61,7 +60,7 @@ impl<'a, X: Tool> Call<'a, X> {
     async fn read(&mut self) -> Option<Event> {
         // The read saw the state as of when it started: that is the time to
         // hold against the settle point.
-        let started = self.timeline.at(Instant::now());
+        let started = self.timeline.at(self.now());
         let verdict = self.read_verifier().await;
         let settled = self.timeline.settled(started);
         self.note(CallState::PendingVisibility, Detail::Read(verdict.kind(), settled));
@@ -86,7 +85,7 @@ impl<'a, X: Tool> Call<'a, X> {
             return Verdict::Unknown;
         }
         let limit = self.policy.attempt_timeout;
-        let tool = &mut self.tool;
+        let (tool, clock) = (&mut self.tool, self.cx.clock());
         let Ok(read) = std::panic::catch_unwind(AssertUnwindSafe(move || {
             let tool = tool;
             tool.verify(key)
@@ -96,10 +95,10 @@ impl<'a, X: Tool> Call<'a, X> {
         let guarded = catch_unwind(read);
         // Bounded by the attempt timeout; without one, by the call deadline.
         let verdict = match limit {
-            Some(limit) => timeout_at(crate::deadline::later(Instant::now(), limit), guarded)
-                .await
-                .ok()
-                .and_then(Result::ok),
+            Some(limit) => {
+                let at = crate::deadline::later_std(clock.now(), limit);
+                clock::within(clock, at, guarded).await.and_then(Result::ok)
+            }
             None => guarded.await.ok(),
         };
         verdict.unwrap_or(Verdict::Unknown)

@@ -390,7 +390,7 @@ impl<S: Sync> ToolSet<S> {
     /// with the set in an `Arc`) or select on it.
     pub async fn reconcile_every(&self, every: Duration) {
         loop {
-            tokio::time::sleep(every).await;
+            crate::clock::sleep(self.context.clock(), every).await;
             self.reconcile().await;
         }
     }

@@ -18,7 +18,7 @@ use super::{
     RecordState, RecordView, Replay, Resolution, Settle,
 };
 use crate::deadline::later;
-use crate::{IdempotencyKey, PayloadDigest};
+use crate::{Clock, IdempotencyKey, PayloadDigest};
 
 const SHARDS: usize = 64;
 
@@ -159,6 +159,9 @@ pub struct MemoryLedger {
     /// Tombstones per shard at most (`None`: `TOMBSTONES_PER_RECORD` ×
     /// `shard_cap`, at least `MIN_SHARD_TOMBSTONES`).
     shard_tombs: Option<usize>,
+    /// Where its own reads of the time come from (`None`: tokio's); a claim
+    /// brings the caller's.
+    clock: Option<Arc<dyn Clock>>,
 }
 
 /// The per-shard bounds, resolved once per operation.
@@ -274,6 +277,24 @@ impl MemoryLedger {
             shard_cap: Self::DEFAULT_CAPACITY.div_ceil(SHARDS),
             shard_doubt: None,
             shard_tombs: None,
+            clock: None,
+        }
+    }
+
+    /// Reads the time from `clock` (tokio's by default): give it the clock
+    /// of the contexts that use it ([`Context::with_clock`](crate::Context::with_clock))
+    /// when that clock is not tokio's, so that leases, settle points and
+    /// expiries are all on one clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Now, on the ledger's clock.
+    fn now(&self) -> Instant {
+        match &self.clock {
+            Some(clock) => Instant::from_std(clock.now()),
+            None => Instant::now(),
         }
     }
 
@@ -370,7 +391,7 @@ impl MemoryLedger {
     /// Drops every expired record and tombstone now, rather than as calls
     /// come.
     pub fn purge_expired(&self) {
-        let now = Instant::now();
+        let now = self.now();
         for shard in self.shards.iter() {
             lock(&shard.0).drop_expired(now);
         }
@@ -608,7 +629,7 @@ impl Ledger for MemoryLedger {
         fence: Fence,
         progress: Progress,
     ) -> LedgerFuture<'_, ()> {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         LedgerFuture::ready(shard.held(key, fence).map(|entry| {
             entry.attempts = progress.attempts;
@@ -659,7 +680,7 @@ impl Ledger for MemoryLedger {
     }
 
     fn hold(&self, key: IdempotencyKey, fence: Fence) -> LedgerFuture<'_, Option<Duration>> {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         let left = match shard.held(key, fence) {
             Ok(Entry { state: State::Held { since, .. }, .. }) => {

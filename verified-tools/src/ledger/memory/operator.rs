@@ -35,14 +35,14 @@ impl MemoryLedger {
     }
 
     pub(super) fn record_now(&self, key: IdempotencyKey) -> Option<RecordView> {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = self.shard(key);
         shard.drop_expired(now);
         self.view(&shard, key, now)
     }
 
     pub(super) fn in_doubt_now(&self, limit: usize) -> Vec<RecordView> {
-        let now = Instant::now();
+        let now = self.now();
         let mut out = Vec::new();
         for padded in self.shards.iter() {
             let shard = super::lock(&padded.0);
@@ -70,7 +70,7 @@ impl MemoryLedger {
         key: IdempotencyKey,
         resolution: Resolution,
     ) -> Option<RecordState> {
-        let now = Instant::now();
+        let now = self.now();
         let bounds = self.bounds();
         let mut shard = self.shard(key);
         shard.drop_expired(now);

@@ -1,0 +1,171 @@
+//! The engine on a clock of its context's choosing, without a tokio runtime:
+//! a virtual clock whose time moves only when every task waits (what tokio's
+//! paused time does, written here in a few lines), and an executor that
+//! polls one future on this thread. Any wait the engine made on tokio's
+//! timers would panic here ("there is no reactor running").
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use verified_tools::engine::{self, Attempt};
+use verified_tools::ledger::{Codec, MemoryLedger};
+use verified_tools::{
+    Clock, Context, ErrorClass, Proof, RetryPolicy, SideEffect, Sleep, ToolResult, ToolSpec,
+    Verdict,
+};
+
+/// Virtual time: `now` moves to the earliest wait's end when nothing else
+/// can run.
+#[derive(Clone)]
+struct Virtual(Arc<State>);
+
+struct State {
+    start: Instant,
+    now: Mutex<Instant>,
+    waits: Mutex<Vec<(Instant, Waker)>>,
+}
+
+impl Virtual {
+    fn new() -> Self {
+        let start = Instant::now();
+        Self(Arc::new(State { start, now: Mutex::new(start), waits: Mutex::new(Vec::new()) }))
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now() - self.0.start
+    }
+
+    /// Moves to the end of the earliest wait and wakes what ends then;
+    /// `false` if nothing waits.
+    fn advance(&self) -> bool {
+        let mut waits = self.0.waits.lock().unwrap();
+        let Some(next) = waits.iter().map(|(at, _)| *at).min() else { return false };
+        *self.0.now.lock().unwrap() = next.max(self.now());
+        let (due, later): (Vec<_>, Vec<_>) = waits.drain(..).partition(|(at, _)| *at <= next);
+        *waits = later;
+        drop(waits);
+        due.into_iter().for_each(|(_, waker)| waker.wake());
+        true
+    }
+}
+
+impl Clock for Virtual {
+    fn unix_ms(&self) -> u64 {
+        1_700_000_000_000 + self.elapsed().as_millis() as u64
+    }
+
+    fn now(&self) -> Instant {
+        *self.0.now.lock().unwrap()
+    }
+
+    fn sleep_until(&self, at: Instant) -> Sleep {
+        let state = Arc::clone(&self.0);
+        Sleep::new(std::future::poll_fn(move |task| {
+            if *state.now.lock().unwrap() >= at {
+                return Poll::Ready(());
+            }
+            state.waits.lock().unwrap().push((at, task.waker().clone()));
+            Poll::Pending
+        }))
+    }
+}
+
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Polls `future` on this thread, advancing `clock` whenever it waits.
+fn block_on<F: Future>(clock: &Virtual, future: F) -> F::Output {
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut task = TaskContext::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut task) {
+            return output;
+        }
+        if !flag.0.swap(false, Ordering::SeqCst) {
+            assert!(clock.advance(), "the call waits on something other than its clock");
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no answer")]
+struct NoAnswer;
+
+impl verified_tools::Classify for NoAnswer {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Ambiguous
+    }
+}
+
+static SEND: ToolSpec = ToolSpec::new("send", SideEffect::High).with_verifier();
+
+#[test]
+fn a_call_times_out_verifies_waits_to_settle_and_retries_on_its_contexts_clock() {
+    let clock = Virtual::new();
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let policy = RetryPolicy::for_class(SideEffect::High)
+        .with_attempt_timeout(Some(Duration::from_secs(1)))
+        .with_settle(Some(Duration::from_secs(2)))
+        .with_call_timeout(Duration::from_secs(30));
+    let cx = Context::new("agent")
+        .with_clock(Arc::clone(&shared))
+        .with_ledger(Arc::new(MemoryLedger::new().with_clock(shared)))
+        .with_policy(SideEffect::High, policy);
+
+    // The first attempt never answers (and was not applied); the second is.
+    let sent = Mutex::new(Vec::new());
+    let applied = Mutex::new(false);
+    let result: ToolResult<u32, NoAnswer> = block_on(
+        &clock,
+        engine::call(
+            &cx,
+            &SEND,
+            &("bob",),
+            &("bob",),
+            |attempt: Attempt| {
+                sent.lock().unwrap().push((clock.elapsed(), attempt.deadline.instant()));
+                let first = sent.lock().unwrap().len() == 1;
+                let applied = &applied;
+                async move {
+                    if first {
+                        std::future::pending::<()>().await;
+                    }
+                    *applied.lock().unwrap() = true;
+                    Ok(7)
+                }
+            },
+            Some(|_key| async {
+                match *applied.lock().unwrap() {
+                    true => Verdict::Holds(7),
+                    false => Verdict::Absent,
+                }
+            }),
+            Codec::serde(),
+        ),
+    );
+
+    assert!(
+        matches!(result, ToolResult::Success { value: 7, proof: Proof::Verifier, .. }),
+        "{result:?}"
+    );
+    let sent = sent.into_inner().unwrap();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    // The first attempt's deadline is 1 s after the call's start, on the
+    // context's clock.
+    assert_eq!(sent[0].0, Duration::ZERO);
+    assert_eq!(sent[0].1.into_std(), clock.0.start + Duration::from_secs(1));
+    // The retry waited for the first attempt to settle: its deadline (1 s)
+    // and the settle margin (2 s), measured on the virtual clock.
+    assert!(sent[1].0 >= Duration::from_secs(3), "retried at {:?}", sent[1].0);
+    assert!(sent[1].0 < Duration::from_secs(4), "retried at {:?}", sent[1].0);
+}
