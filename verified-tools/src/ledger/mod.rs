@@ -22,7 +22,9 @@
 //! | value | a completed call's value, serialized, when it serializes |
 //!
 //! A backend of one's own runs the contract's cases of [`kit`] (feature
-//! `ledger-kit`), the same ones the project's backends run.
+//! `ledger-kit`), the same ones the project's backends run, and may decide
+//! its claims with [`record::claim_step`], the claim rules as one pure
+//! function (the memory and SQLite ledgers do).
 //!
 //! # The rules a backend keeps
 //!
@@ -132,6 +134,7 @@ pub mod kit;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod record;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlite")]

@@ -12,6 +12,7 @@ mod operator;
 mod tombs;
 
 use self::tombs::{Tomb, Tombs};
+use super::record::{self, ClaimStep, Found, FoundState};
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
@@ -451,46 +452,58 @@ impl MemoryLedger {
         now: Instant,
     ) -> Result<Claimed, LedgerError> {
         let k = key.as_u128();
-        let Some(entry) = shard.map.get_mut(&k) else {
-            let bounds = self.bounds();
-            // One lookup decides whether the key is new or was pushed out.
-            if let Some(tomb) = shard.tombs.get(k as u64) {
-                return Ok(self.exhume(shard, k, fingerprint, tomb, now, bounds));
+        let entry = shard.map.get_mut(&k);
+        let found = entry
+            .as_deref()
+            .map(|e| Found { fingerprint: e.fingerprint, state: self.found_state(&e.state, now) });
+        match (record::claim_step(found, fingerprint), entry) {
+            (ClaimStep::Mismatch, _) => Ok(Claimed::Mismatch),
+            (ClaimStep::Wait(left), _) => Ok(Claimed::InFlight(left)),
+            (ClaimStep::Replay, Some(Entry { state: State::Done { value, .. }, .. })) => {
+                Ok(Claimed::Completed(share(value)))
             }
-            if !shard.make_room(1, bounds) {
-                return Err(LedgerError::Full(self.capacity()));
-            }
-            let fence = self.fence();
-            let settle_at = settle_at(now, first.settle);
-            let state = State::Held { fence, since: now };
-            let (attempts, after_ok) = (first.attempts, first.after_ok);
-            shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at });
-            return Ok(Claimed::Fresh(fence));
-        };
-        if entry.fingerprint != fingerprint {
-            return Ok(Claimed::Mismatch);
-        }
-        match &entry.state {
-            State::Done { value, .. } => Ok(Claimed::Completed(share(value))),
-            State::Held { since, .. } if now < later(*since, self.lease) => {
-                Ok(Claimed::InFlight(later(*since, self.lease) - now))
-            }
-            State::InDoubt { .. } => {
+            (ClaimStep::TakeOver, Some(entry)) => {
+                let was_in_doubt = matches!(entry.state, State::InDoubt { .. });
                 let fence = self.fence();
                 entry.state = State::Held { fence, since: now };
                 let progress = entry.progress(now);
-                // Held, it counts against the record cap again.
-                shard.doubts -= 1;
-                shard.make_room(0, self.bounds());
+                if was_in_doubt {
+                    // Held, it counts against the record cap again.
+                    shard.doubts -= 1;
+                    shard.make_room(0, self.bounds());
+                }
                 Ok(Claimed::Resume(fence, progress))
             }
-            // Settled with budget left, or held past the lease (the holder
-            // may have dispatched): the taker verifies first.
-            State::Held { .. } | State::Settled { .. } => {
+            // `Create` (or a step that does not fit the entry, which
+            // `found` rules out): no record in the map.
+            _ => {
+                let bounds = self.bounds();
+                // One lookup decides whether the key is new or was pushed out.
+                if let Some(tomb) = shard.tombs.get(k as u64) {
+                    return Ok(self.exhume(shard, k, fingerprint, tomb, now, bounds));
+                }
+                if !shard.make_room(1, bounds) {
+                    return Err(LedgerError::Full(self.capacity()));
+                }
                 let fence = self.fence();
-                entry.state = State::Held { fence, since: now };
-                Ok(Claimed::Resume(fence, entry.progress(now)))
+                let settle_at = settle_at(now, first.settle);
+                let state = State::Held { fence, since: now };
+                let (attempts, after_ok) = (first.attempts, first.after_ok);
+                shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at });
+                Ok(Claimed::Fresh(fence))
             }
+        }
+    }
+
+    /// A record's state as the contract's claim rules read it.
+    fn found_state(&self, state: &State, now: Instant) -> FoundState {
+        match state {
+            State::Held { since, .. } => FoundState::Held {
+                lease_left: later(*since, self.lease).saturating_duration_since(now),
+            },
+            State::InDoubt { .. } => FoundState::InDoubt,
+            State::Settled { .. } => FoundState::Settled,
+            State::Done { .. } => FoundState::Completed,
         }
     }
 

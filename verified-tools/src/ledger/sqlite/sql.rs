@@ -62,6 +62,7 @@ use super::{
     Resolution, Settle, StoreError,
 };
 use super::{Undo, Waiter, lock};
+use crate::ledger::record::{ClaimStep, Found, FoundState, claim_step};
 use crate::{IdempotencyKey, PayloadDigest};
 
 /// The version of the schema this build writes and reads.
@@ -263,9 +264,16 @@ impl Record {
         RecordView { key, state, progress: self.progress(now) }
     }
 
-    /// Whether a call still holds the key at `now`.
-    fn held_at(&self, now: i64) -> bool {
-        self.state == State::Held && self.lease_end.is_some_and(|end| now < end)
+    /// The record as the contract's claim rules read it at `now`.
+    fn found(&self, now: i64) -> FoundState {
+        match self.state {
+            State::Held => FoundState::Held {
+                lease_left: duration(self.lease_end.unwrap_or(now).saturating_sub(now)),
+            },
+            State::InDoubt => FoundState::InDoubt,
+            State::Settled => FoundState::Settled,
+            State::Completed => FoundState::Completed,
+        }
     }
 
     fn progress(&self, now: i64) -> Progress {
@@ -363,39 +371,14 @@ pub(super) fn take(
     lease: Duration,
 ) -> Result<Claimed, Failure> {
     let lease_end = later(now, lease);
-    let Some(record) = record else {
-        let fence = next_fence(conn)?;
-        // Replaces an expired record, if there is one.
-        let mut statement = conn.prepare_cached(
-            "INSERT OR REPLACE INTO records
-                 (key, fingerprint, state, fence, lease_end_ms, attempts, after_ok, settle_at_ms,
-                  value, expires_at_ms)
-             VALUES (?1, ?2, 'held', ?3, ?4, ?5, ?6, ?7, NULL, NULL)",
-        )?;
-        statement.execute(params![
-            key_bytes(key),
-            fingerprint.as_u128().to_be_bytes(),
-            fence_value(fence),
-            lease_end,
-            first.attempts,
-            first.after_ok,
-            settle_at(now, first.settle),
-        ])?;
-        return Ok(Claimed::Fresh(fence));
-    };
-    if record.fingerprint != fingerprint {
-        return Ok(Claimed::Mismatch);
-    }
-    match record.state {
-        State::Completed => {
+    let found = record.as_ref().map(|r| Found { fingerprint: r.fingerprint, state: r.found(now) });
+    match (claim_step(found, fingerprint), record) {
+        (ClaimStep::Mismatch, _) => Ok(Claimed::Mismatch),
+        (ClaimStep::Wait(left), _) => Ok(Claimed::InFlight(left)),
+        (ClaimStep::Replay, Some(record)) => {
             Ok(Claimed::Completed(record.value.map_or(Replay::Unrecorded, Replay::Encoded)))
         }
-        State::Held if record.held_at(now) => {
-            Ok(Claimed::InFlight(duration(record.lease_end.unwrap_or(now) - now)))
-        }
-        // In doubt, settled with budget left, or held past the lease (the
-        // holder may have dispatched): the taker verifies first.
-        State::Held | State::InDoubt | State::Settled => {
+        (ClaimStep::TakeOver, Some(record)) => {
             let fence = next_fence(conn)?;
             let mut statement = conn.prepare_cached(
                 "UPDATE records
@@ -404,6 +387,28 @@ pub(super) fn take(
             )?;
             statement.execute(params![key_bytes(key), fence_value(fence), lease_end])?;
             Ok(Claimed::Resume(fence, record.progress(now)))
+        }
+        // `Create`: no live record (a step that does not fit the record is
+        // ruled out by `found`).
+        _ => {
+            let fence = next_fence(conn)?;
+            // Replaces an expired record, if there is one.
+            let mut statement = conn.prepare_cached(
+                "INSERT OR REPLACE INTO records
+                     (key, fingerprint, state, fence, lease_end_ms, attempts, after_ok,
+                      settle_at_ms, value, expires_at_ms)
+                 VALUES (?1, ?2, 'held', ?3, ?4, ?5, ?6, ?7, NULL, NULL)",
+            )?;
+            statement.execute(params![
+                key_bytes(key),
+                fingerprint.as_u128().to_be_bytes(),
+                fence_value(fence),
+                lease_end,
+                first.attempts,
+                first.after_ok,
+                settle_at(now, first.settle),
+            ])?;
+            Ok(Claimed::Fresh(fence))
         }
     }
 }
