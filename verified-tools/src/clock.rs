@@ -8,9 +8,14 @@
 //! wait is a tokio timer. A clock of another executor's timers (smol's
 //! `async-io`, a simulation's virtual time) makes the engine run there
 //! without a tokio runtime. The ledgers of stores keep to the store's own
-//! clock (the contract's rule), and a [`Deadline`](crate::Deadline) handed to
-//! a tool is an instant on this clock, which the service it is forwarded to
-//! reads as real time: a clock that is not real time is for simulations.
+//! clock (the contract's rule).
+//!
+//! A [`Deadline`](crate::Deadline) handed to a tool is an instant on this
+//! clock ([`Deadline::instant`](crate::Deadline::instant)), forwarded to
+//! services that read it as real time; its `remaining` and `has_passed` read
+//! tokio's clock (the system's outside a runtime). A clock whose `now` is
+//! real time (another executor's) agrees with them; under a virtual clock,
+//! a tool compares `deadline.instant()` with that clock's `now` instead.
 
 use std::fmt;
 use std::future::Future;
@@ -21,9 +26,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// A source of time: "now" for key time buckets and audit timestamps
 /// ([`unix_ms`](Self::unix_ms)), and the monotonic now and waits of the
 /// engine ([`now`](Self::now), [`sleep_until`](Self::sleep_until)), which
-/// follow tokio unless overridden.
+/// follow tokio unless overridden. Override `now` and `sleep_until`
+/// together: the engine waits with one for instants it read from the other.
 ///
 /// ```
+/// use std::future::Future;
+/// use std::task::{Context, Poll, Waker};
 /// use std::time::{Duration, Instant};
 /// use verified_tools::{Clock, Sleep, SystemClock};
 ///
@@ -34,18 +42,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 ///     fn unix_ms(&self) -> u64 { SystemClock.unix_ms() }
 ///     fn now(&self) -> Instant { Instant::now() }
 ///     fn sleep_until(&self, at: Instant) -> Sleep {
-///         // e.g. `Sleep::new(async_io::Timer::at(at))` under smol.
-///         Sleep::new(async move {
-///             let wait = at.saturating_duration_since(Instant::now());
-///             let (tx, rx) = std::sync::mpsc::channel::<()>();
-///             std::thread::spawn(move || { std::thread::sleep(wait); let _ = tx.send(()); });
-///             let _ = rx.recv(); // a thread's timer, for the example only
-///         })
+///         // e.g. `Sleep::new(async_io::Timer::at(at))` under smol; here,
+///         // for the example only, a wait that blocks its thread.
+///         Sleep::new(async move { std::thread::sleep(at.saturating_duration_since(Instant::now())) })
 ///     }
 /// }
 ///
+/// // No tokio runtime here: the wait is the clock's own.
 /// let clock = OtherTimers;
-/// assert!(clock.now() <= Instant::now());
+/// let at = clock.now() + Duration::from_millis(20);
+/// let mut wait = std::pin::pin!(clock.sleep_until(at));
+/// assert!(wait.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready());
+/// assert!(Instant::now() >= at);
 /// ```
 pub trait Clock: Send + Sync {
     /// Milliseconds since the Unix epoch.

@@ -86,7 +86,8 @@ impl Deadline {
         later(self.base, self.offset)
     }
 
-    /// Time left, zero once passed.
+    /// Time left, zero once passed, on tokio's clock (the system's outside
+    /// a tokio runtime; see [`Clock`](crate::Clock) for a context on another).
     pub fn remaining(self) -> Duration {
         self.offset.saturating_sub(Instant::now().saturating_duration_since(self.base))
     }

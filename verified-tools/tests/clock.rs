@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use verified_tools::engine::{self, Attempt};
 use verified_tools::ledger::{Codec, MemoryLedger};
 use verified_tools::{
-    Clock, Context, ErrorClass, Proof, RetryPolicy, SideEffect, Sleep, ToolResult, ToolSpec,
-    Verdict,
+    Clock, Context, ErrorClass, InFlight, Proof, RetryPolicy, SideEffect, Sleep, ToolResult,
+    ToolSpec, Verdict,
 };
 
 /// Virtual time: `now` moves to the earliest wait's end when nothing else
@@ -168,4 +168,74 @@ fn a_call_times_out_verifies_waits_to_settle_and_retries_on_its_contexts_clock()
     // and the settle margin (2 s), measured on the virtual clock.
     assert!(sent[1].0 >= Duration::from_secs(3), "retried at {:?}", sent[1].0);
     assert!(sent[1].0 < Duration::from_secs(4), "retried at {:?}", sent[1].0);
+}
+
+#[test]
+fn a_call_that_finds_its_key_held_polls_on_the_clock_and_replays_the_holders_outcome() {
+    let clock = Virtual::new();
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let cx = Context::new("agent")
+        .with_clock(Arc::clone(&shared))
+        .with_ledger(Arc::new(MemoryLedger::new().with_clock(shared)))
+        .with_in_flight(InFlight::Wait {
+            poll: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        })
+        .for_step("run-7", 1);
+    let dispatches = Mutex::new(0);
+    // The holder's service takes 5 s of the clock to answer.
+    let call = || {
+        engine::call(
+            &cx,
+            &SEND,
+            &("bob",),
+            &("bob",),
+            |_: Attempt| {
+                *dispatches.lock().unwrap() += 1;
+                let answer = clock.sleep_until(clock.now() + Duration::from_secs(5));
+                async move {
+                    answer.await;
+                    Ok::<u32, NoAnswer>(7)
+                }
+            },
+            Some(|_key| async { Verdict::Holds(7) }),
+            Codec::serde(),
+        )
+    };
+    let (mut holder, mut repeat) = (Box::pin(call()), Box::pin(call()));
+    let (mut first, mut second) = (None, None);
+    block_on(
+        &clock,
+        std::future::poll_fn(|task| {
+            if first.is_none()
+                && let Poll::Ready(result) = holder.as_mut().poll(task)
+            {
+                first = Some((result, clock.elapsed()));
+            }
+            if second.is_none()
+                && let Poll::Ready(result) = repeat.as_mut().poll(task)
+            {
+                second = Some((result, clock.elapsed()));
+            }
+            match (&first, &second) {
+                (Some(_), Some(_)) => Poll::Ready(()),
+                _ => Poll::Pending,
+            }
+        }),
+    );
+    let (first, at_first) = first.unwrap();
+    let (second, at_second) = second.unwrap();
+    assert!(matches!(first, ToolResult::Success { value: 7, .. }), "{first:?}");
+    // The repeat waited for the holder, polling every second of the clock,
+    // and got its outcome: nothing dispatched twice.
+    assert!(
+        matches!(second, ToolResult::Success { value: 7, proof: Proof::Ledger, .. }),
+        "{second:?}"
+    );
+    assert_eq!(*dispatches.lock().unwrap(), 1);
+    assert_eq!(at_first, Duration::from_secs(5));
+    assert!(
+        at_second >= at_first && at_second <= at_first + Duration::from_secs(1),
+        "{at_second:?}"
+    );
 }

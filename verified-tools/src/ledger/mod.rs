@@ -219,9 +219,10 @@ pub struct ClaimRequest {
     /// What a fresh claim records as already dispatching (the first attempt
     /// goes out right after the claim): one round trip instead of two.
     pub first: Progress,
-    /// The caller's clock (tokio's), read just before the claim. A ledger in
-    /// this process, whose clock it is, may use it rather than read the clock
-    /// again; a store keeps to its own clock.
+    /// The caller's clock (its context's [`Clock`](crate::Clock), tokio's by
+    /// default), read just before the claim. A ledger in this process, whose
+    /// clock it is, may use it rather than read the clock again; a store
+    /// keeps to its own clock.
     pub now: tokio::time::Instant,
 }
 

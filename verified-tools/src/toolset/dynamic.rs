@@ -178,8 +178,8 @@ impl<'a> Payload for JsonPayload<'a> {
 
 /// The key payload of a run-time tool's call, from its JSON arguments, or
 /// the argument error to answer instead (before anything is dispatched):
-/// arguments that are not an object, a member nested deeper than
-/// [`MAX_DEPTH`](super::args::MAX_DEPTH) levels, or a member of the effect
+/// arguments that are not an object, a member nested deeper than 128
+/// levels of arrays and objects, or a member of the effect
 /// identity that is absent or `null` (an action the call does not name).
 ///
 /// The key follows the same rules as a generated tool's: with an effect

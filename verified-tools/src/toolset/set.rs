@@ -166,8 +166,9 @@ impl<S> ToolSet<S> {
     ///
     /// # Panics
     ///
-    /// If a tool of the same name is already in the set: a model could not
-    /// tell them apart.
+    /// If a tool of the same name is already in the set (a model could not
+    /// tell them apart), or the tool is named [`CHECK_TOOL`] in a set that
+    /// lists checks.
     #[must_use]
     pub fn with(self, tool: ToolDef<S>) -> Self {
         self.listing(Entry::Def(tool))
@@ -179,7 +180,8 @@ impl<S> ToolSet<S> {
     ///
     /// # Panics
     ///
-    /// If a tool of the same name is already in the set.
+    /// As [`with`](Self::with): a name already in the set, or
+    /// [`CHECK_TOOL`] in a set that lists checks.
     #[must_use]
     pub fn with_dyn(self, tool: impl DynTool<S> + 'static) -> Self {
         self.listing(Entry::Dyn(Box::new(tool)))

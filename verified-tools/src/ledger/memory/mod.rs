@@ -122,9 +122,10 @@ const COMPACTED_DOUBT: Progress =
 ///
 /// # Time
 ///
-/// Time is tokio's ([`tokio::time::Instant`]): the caller's reading of it in
-/// [`ClaimRequest::now`], so a call reads the clock once; leases and TTLs
-/// follow paused time in tests. A record or tombstone expires when it
+/// Time is tokio's ([`tokio::time::Instant`]), or the clock given to
+/// [`with_clock`](Self::with_clock); a claim uses the caller's reading of it
+/// ([`ClaimRequest::now`], the context's clock), so a call reads the clock
+/// once. Leases and TTLs follow paused time in tests. A record or tombstone expires when it
 /// reaches the front of its queue past its TTL: one queued behind a record
 /// that finished later but was claimed earlier lives up to that call's
 /// duration longer.
@@ -474,9 +475,7 @@ impl MemoryLedger {
                 }
                 Ok(Claimed::Resume(fence, progress))
             }
-            // `Create` (or a step that does not fit the entry, which
-            // `found` rules out): no record in the map.
-            _ => {
+            (ClaimStep::Create, _) => {
                 let bounds = self.bounds();
                 // One lookup decides whether the key is new or was pushed out.
                 if let Some(tomb) = shard.tombs.get(k as u64) {
@@ -492,6 +491,11 @@ impl MemoryLedger {
                 shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at });
                 Ok(Claimed::Fresh(fence))
             }
+            // A step that does not fit the entry (`found` describes it, so
+            // never): refused, and nothing overwritten.
+            (ClaimStep::Replay | ClaimStep::TakeOver, _) => Err(LedgerError::Corrupt(
+                super::StoreError::new("memory: a record and its state disagree"),
+            )),
         }
     }
 

@@ -388,9 +388,7 @@ pub(super) fn take(
             statement.execute(params![key_bytes(key), fence_value(fence), lease_end])?;
             Ok(Claimed::Resume(fence, record.progress(now)))
         }
-        // `Create`: no live record (a step that does not fit the record is
-        // ruled out by `found`).
-        _ => {
+        (ClaimStep::Create, _) => {
             let fence = next_fence(conn)?;
             // Replaces an expired record, if there is one.
             let mut statement = conn.prepare_cached(
@@ -409,6 +407,11 @@ pub(super) fn take(
                 settle_at(now, first.settle),
             ])?;
             Ok(Claimed::Fresh(fence))
+        }
+        // A step that does not fit the record (`found` describes it, so
+        // never): refused, and nothing overwritten.
+        (ClaimStep::Replay | ClaimStep::TakeOver, None) => {
+            Err(corrupt("a record and its state disagree"))
         }
     }
 }
