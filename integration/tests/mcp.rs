@@ -62,6 +62,19 @@ fn with_id(name: &'static str, arguments: Value, id: &str) -> CallToolRequestPar
     params
 }
 
+/// `mcp` served in this process over a pipe, with rmcp's client at the
+/// other end, and the task that serves it (it ends when the client closes).
+async fn in_process<S: Send + Sync + 'static>(
+    mcp: McpServer<S>,
+) -> (rmcp::service::RunningService<rmcp::RoleClient, ()>, tokio::task::JoinHandle<()>) {
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    let serving = tokio::spawn(async move {
+        let running = mcp.serve(server_io).await.expect("handshake");
+        let _ = running.waiting().await;
+    });
+    (().serve(client_io).await.expect("the client connects"), serving)
+}
+
 #[tokio::test(start_paused = true)]
 async fn rmcp_client_lists_calls_and_replays() {
     let (seed, late) = in_doubt_seed();
@@ -69,12 +82,7 @@ async fn rmcp_client_lists_calls_and_replays() {
     let mcp = McpServer::new(tool_set(SimClient::new(server, true)));
     let handle = mcp.clone();
     let dispatches = move || handle.tool_set().state().calls();
-    let (server_io, client_io) = tokio::io::duplex(1 << 16);
-    let serving = tokio::spawn(async move {
-        let running = mcp.serve(server_io).await.expect("handshake");
-        let _ = running.waiting().await;
-    });
-    let client = ().serve(client_io).await.expect("the client connects");
+    let (client, serving) = in_process(mcp).await;
 
     // tools/list.
     let tools = client.list_all_tools().await.expect("tools/list");
@@ -263,12 +271,7 @@ async fn rmcp_client_lists_and_calls_a_tool_defined_at_run_time() {
         .with_dyn(run_time::add_tool());
     let mcp = McpServer::new(set);
     let handle = mcp.clone();
-    let (server_io, client_io) = tokio::io::duplex(1 << 16);
-    let serving = tokio::spawn(async move {
-        let running = mcp.serve(server_io).await.expect("handshake");
-        let _ = running.waiting().await;
-    });
-    let client = ().serve(client_io).await.expect("the client connects");
+    let (client, serving) = in_process(mcp).await;
 
     let tools = client.list_all_tools().await.expect("tools/list");
     assert_eq!(tools.len(), 1);
