@@ -199,6 +199,11 @@ async fn waiting_backend(admin: &Client, ledger: &PostgresLedger) -> i32 {
     let pattern = format!("%\"{}claim\"%", like(ledger.prefix()));
     let started = Instant::now();
     loop {
+        // `admin` is inside the transaction that holds the lock, and a
+        // transaction sees `pg_stat_activity` as it was on its first read:
+        // without this, a claim that began to wait after that read is
+        // never seen (a loaded machine: 1 run in 8 waited the whole 20 s).
+        admin.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
         let rows = admin
             .query(
                 "SELECT pid FROM pg_stat_activity
