@@ -313,3 +313,24 @@ async fn a_proxied_action_and_the_same_action_declared_natively_share_a_key() {
     assert_eq!(proxied.status, Status::Refused, "{proxied:?}");
     assert_eq!(proxy.state().applied("charge"), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_shared_tool_serves_every_set_it_is_added_to() {
+    let shared: Vec<std::sync::Arc<dyn DynTool<Upstream>>> =
+        proxied(&listing()).into_iter().map(|t| std::sync::Arc::new(t) as _).collect();
+    // Two sets over one ledger, as a proxy rebuilds its set when the
+    // upstream's listing changes: the same action is still one call.
+    let cx = Context::new("proxy");
+    let build = || {
+        shared
+            .iter()
+            .cloned()
+            .fold(ToolSet::new(Upstream::default()).with_context(cx.clone()), ToolSet::with_dyn)
+    };
+    let (before, after) = (build(), build());
+    let args = json!({"order": 42, "cents": 100});
+    assert_eq!(before.call("charge", &args, "call_A").await.status, Status::Success);
+    let again = after.call("charge", &args, "call_B").await;
+    assert_eq!(again.proof, Some(Proof::Ledger), "{again:?}");
+    assert_eq!(after.names().collect::<Vec<_>>(), ["charge", "remind"]);
+}

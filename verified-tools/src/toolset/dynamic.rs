@@ -133,6 +133,30 @@ impl<S: ?Sized> DynTool<S> for ToolDef<S> {
     }
 }
 
+/// A shared tool (one a proxy keeps for every set it builds, as its
+/// upstream's listing changes) is a tool of each set it is added to.
+impl<S: ?Sized, T: DynTool<S> + ?Sized> DynTool<S> for std::sync::Arc<T> {
+    fn spec(&self) -> &'static ToolSpec {
+        (**self).spec()
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn input_schema(&self) -> JsonObject {
+        (**self).input_schema()
+    }
+
+    fn output_schema(&self) -> Option<JsonObject> {
+        (**self).output_schema()
+    }
+
+    fn call<'a>(&'a self, cx: &'a Context, state: &'a S, arguments: &'a Value) -> ToolFuture<'a> {
+        (**self).call(cx, state, arguments)
+    }
+}
+
 /// The key payload of a call whose arguments are a JSON object: every
 /// argument (the fingerprint commits to them all, whatever order the model
 /// wrote them in), and the descriptor's effect identity
