@@ -153,13 +153,19 @@ impl fmt::Debug for Sleep {
     }
 }
 
-/// `future`, unless `clock` reaches `at` first (`None`).
+/// `future`, unless `clock` reaches `at` first (`None`). As tokio's
+/// `timeout`, the future is polled first: one that is ready at once (a
+/// verifier that answers from memory) never arms the timer.
 pub(crate) async fn within<F: Future>(
     clock: &dyn Clock,
     at: Instant,
     future: F,
 ) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|task| Poll::Ready(future.as_mut().poll(task))).await;
+    if let Poll::Ready(output) = first {
+        return Some(output);
+    }
     let mut timer = std::pin::pin!(clock.sleep_until(at));
     std::future::poll_fn(|task| {
         if let Poll::Ready(output) = future.as_mut().poll(task) {

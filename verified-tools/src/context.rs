@@ -69,6 +69,9 @@ pub struct Context {
     check: bool,
     clock: Arc<dyn Clock>,
     pub(crate) ledger: Option<Arc<dyn Ledger>>,
+    /// The in-memory ledger [`Context::new`] made, while it is the ledger:
+    /// [`with_clock`](Context::with_clock) puts it on the new clock.
+    own_memory: Option<Arc<MemoryLedger>>,
     pub(crate) audit: Option<Arc<dyn AuditSink>>,
     pub(crate) escalation: Option<Arc<dyn Escalation>>,
 }
@@ -78,6 +81,7 @@ impl Context {
     /// in-memory ledger (so a repeated or resumed call verifies before it
     /// dispatches, and explicit keys are checked) and no audit or escalation.
     pub fn new(agent: impl Into<Arc<str>>) -> Self {
+        let memory = Arc::new(MemoryLedger::new());
         Self {
             agent: agent.into(),
             mode: Mode::default(),
@@ -90,7 +94,8 @@ impl Context {
             ledger_outage: LedgerOutage::Refuse,
             check: false,
             clock: Arc::new(SystemClock),
-            ledger: Some(Arc::new(MemoryLedger::new())),
+            ledger: Some(memory.clone()),
+            own_memory: Some(memory),
             audit: None,
             escalation: None,
         }
@@ -249,10 +254,24 @@ impl Context {
     /// Sets the clock: the wall clock of key buckets and audit timestamps,
     /// and the monotonic clock the engine measures its deadlines, backoff,
     /// settle points and waits on ([`Clock`]). A clock of another
-    /// executor's timers runs calls without a tokio runtime; give the
-    /// context's [`MemoryLedger`] the same clock
-    /// ([`MemoryLedger::with_clock`]) when it is not tokio's.
+    /// executor's timers runs calls without a tokio runtime.
+    ///
+    /// The in-memory ledger [`new`](Self::new) made moves to the clock too,
+    /// while it records nothing and no other context shares it (as right
+    /// after `new`); a ledger given with [`with_ledger`](Self::with_ledger),
+    /// or one in use, keeps its own: give a [`MemoryLedger`] the same clock
+    /// with [`MemoryLedger::with_clock`] when it is not tokio's.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        if let Some(memory) = &self.own_memory
+            // This context's two handles, and nothing recorded in it.
+            && Arc::strong_count(memory) == 2
+            && memory.is_empty()
+            && memory.tombstones() == 0
+        {
+            let memory = Arc::new(MemoryLedger::new().with_clock(Arc::clone(&clock)));
+            self.ledger = Some(memory.clone());
+            self.own_memory = Some(memory);
+        }
         self.clock = clock;
         self
     }
@@ -261,6 +280,7 @@ impl Context {
     /// (share one ledger between contexts that must see each other's calls).
     pub fn with_ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
         self.ledger = Some(ledger);
+        self.own_memory = None;
         self
     }
 
@@ -269,6 +289,7 @@ impl Context {
     /// then allocates nothing.
     pub fn without_ledger(mut self) -> Self {
         self.ledger = None;
+        self.own_memory = None;
         self
     }
 

@@ -239,3 +239,72 @@ fn a_call_that_finds_its_key_held_polls_on_the_clock_and_replays_the_holders_out
         "{at_second:?}"
     );
 }
+
+static HELD: ToolSpec = ToolSpec::new("send_held", SideEffect::High).with_verifier().with_holder();
+
+#[test]
+fn a_context_made_with_a_clock_keeps_its_default_ledger_on_that_clock() {
+    let clock = Virtual::new();
+    // No ledger given: the one `Context::new` made follows the clock.
+    let cx = Context::new("agent").with_clock(Arc::new(clock.clone())).for_step("run", 1);
+    let lease_left = Mutex::new(None);
+    let result: ToolResult<u32, NoAnswer> = block_on(
+        &clock,
+        engine::call(
+            &cx,
+            &HELD,
+            &("bob",),
+            &("bob",),
+            |attempt: Attempt| {
+                let (clock, lease_left) = (&clock, &lease_left);
+                async move {
+                    // The service takes 5 s of the clock before it sends.
+                    clock.sleep_until(clock.now() + Duration::from_secs(5)).await;
+                    *lease_left.lock().unwrap() = attempt.holder.lease_left().await.ok().flatten();
+                    Ok(7)
+                }
+            },
+            Some(|_key| async { Verdict::Holds(7) }),
+            Codec::serde(),
+        ),
+    );
+    assert!(matches!(result, ToolResult::Success { value: 7, .. }), "{result:?}");
+    // The memory ledger's lease (10 minutes) less the 5 s on the clock; a
+    // ledger on tokio's clock would have seen no time pass.
+    let left = lease_left.into_inner().unwrap().expect("the call holds its key");
+    assert_eq!(left, Duration::from_secs(600 - 5));
+}
+
+#[test]
+fn a_clock_set_on_a_clone_of_a_context_in_use_keeps_the_shared_ledger() {
+    let clock = Virtual::new();
+    let cx = Context::new("agent").with_clock(Arc::new(clock.clone())).for_step("run", 1);
+    let dispatches = Mutex::new(0);
+    let send = |cx: &Context| {
+        let cx = cx.clone();
+        let dispatches = &dispatches;
+        async move {
+            engine::call(
+                &cx,
+                &SEND,
+                &("bob",),
+                &("bob",),
+                |_: Attempt| {
+                    *dispatches.lock().unwrap() += 1;
+                    async { Ok::<u32, NoAnswer>(7) }
+                },
+                Some(|_key| async { Verdict::Holds(7) }),
+                Codec::serde(),
+            )
+            .await
+        }
+    };
+    let first = block_on(&clock, send(&cx));
+    assert!(matches!(first, ToolResult::Success { proof: Proof::Verifier, .. }), "{first:?}");
+    // Another clock on a clone: the two contexts still share one ledger, so
+    // the repeat is replayed, not sent again.
+    let moved = cx.clone().with_clock(Arc::new(clock.clone()));
+    let again = block_on(&clock, send(&moved));
+    assert!(matches!(again, ToolResult::Success { proof: Proof::Ledger, .. }), "{again:?}");
+    assert_eq!(*dispatches.lock().unwrap(), 1);
+}
