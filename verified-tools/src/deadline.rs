@@ -297,10 +297,10 @@ const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `at + d`, saturating about a century ahead instead of overflowing.
 pub(crate) fn later(at: Instant, d: Duration) -> Instant {
-    at.checked_add(d.min(CENTURY)).unwrap_or(at)
+    Instant::from_std(later_std(at.into_std(), d))
 }
 
-/// [`later`] on the standard library's `Instant`.
+/// [`later`] on the standard library's `Instant` (a [`Clock`](crate::Clock)'s).
 pub(crate) fn later_std(at: std::time::Instant, d: Duration) -> std::time::Instant {
     at.checked_add(d.min(CENTURY)).unwrap_or(at)
 }

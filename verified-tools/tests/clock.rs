@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use verified_tools::engine::{self, Attempt};
 use verified_tools::ledger::{Codec, MemoryLedger};
 use verified_tools::{
-    Clock, Context, ErrorClass, InFlight, Proof, RetryPolicy, SideEffect, Sleep, ToolResult,
-    ToolSpec, Verdict,
+    Clock, Context, ErrorClass, IdempotencyKey, InFlight, Proof, RetryPolicy, SideEffect, Sleep,
+    ToolResult, ToolSpec, Verdict,
 };
 
 /// Virtual time: `now` moves to the earliest wait's end when nothing else
@@ -107,6 +107,23 @@ impl verified_tools::Classify for NoAnswer {
     }
 }
 
+/// One call of `spec` for "bob": `dispatch` makes each attempt, `verify`
+/// reads the postcondition.
+async fn send_bob<D, DF, V, VF>(
+    cx: &Context,
+    spec: &'static ToolSpec,
+    dispatch: D,
+    verify: V,
+) -> ToolResult<u32, NoAnswer>
+where
+    D: FnMut(Attempt) -> DF,
+    DF: Future<Output = Result<u32, NoAnswer>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<u32>>,
+{
+    engine::call(cx, spec, &("bob",), &("bob",), dispatch, Some(verify), Codec::serde()).await
+}
+
 static SEND: ToolSpec = ToolSpec::new("send", SideEffect::High).with_verifier();
 
 #[test]
@@ -127,11 +144,9 @@ fn a_call_times_out_verifies_waits_to_settle_and_retries_on_its_contexts_clock()
     let applied = Mutex::new(false);
     let result: ToolResult<u32, NoAnswer> = block_on(
         &clock,
-        engine::call(
+        send_bob(
             &cx,
             &SEND,
-            &("bob",),
-            &("bob",),
             |attempt: Attempt| {
                 sent.lock().unwrap().push((clock.elapsed(), attempt.deadline.instant()));
                 let first = sent.lock().unwrap().len() == 1;
@@ -144,13 +159,12 @@ fn a_call_times_out_verifies_waits_to_settle_and_retries_on_its_contexts_clock()
                     Ok(7)
                 }
             },
-            Some(|_key| async {
+            |_key| async {
                 match *applied.lock().unwrap() {
                     true => Verdict::Holds(7),
                     false => Verdict::Absent,
                 }
-            }),
-            Codec::serde(),
+            },
         ),
     );
 
@@ -185,11 +199,9 @@ fn a_call_that_finds_its_key_held_polls_on_the_clock_and_replays_the_holders_out
     let dispatches = Mutex::new(0);
     // The holder's service takes 5 s of the clock to answer.
     let call = || {
-        engine::call(
+        send_bob(
             &cx,
             &SEND,
-            &("bob",),
-            &("bob",),
             |_: Attempt| {
                 *dispatches.lock().unwrap() += 1;
                 let answer = clock.sleep_until(clock.now() + Duration::from_secs(5));
@@ -198,8 +210,7 @@ fn a_call_that_finds_its_key_held_polls_on_the_clock_and_replays_the_holders_out
                     Ok::<u32, NoAnswer>(7)
                 }
             },
-            Some(|_key| async { Verdict::Holds(7) }),
-            Codec::serde(),
+            |_key| async { Verdict::Holds(7) },
         )
     };
     let (mut holder, mut repeat) = (Box::pin(call()), Box::pin(call()));
@@ -250,11 +261,9 @@ fn a_context_made_with_a_clock_keeps_its_default_ledger_on_that_clock() {
     let lease_left = Mutex::new(None);
     let result: ToolResult<u32, NoAnswer> = block_on(
         &clock,
-        engine::call(
+        send_bob(
             &cx,
             &HELD,
-            &("bob",),
-            &("bob",),
             |attempt: Attempt| {
                 let (clock, lease_left) = (&clock, &lease_left);
                 async move {
@@ -264,8 +273,7 @@ fn a_context_made_with_a_clock_keeps_its_default_ledger_on_that_clock() {
                     Ok(7)
                 }
             },
-            Some(|_key| async { Verdict::Holds(7) }),
-            Codec::serde(),
+            |_key| async { Verdict::Holds(7) },
         ),
     );
     assert!(matches!(result, ToolResult::Success { value: 7, .. }), "{result:?}");
@@ -284,17 +292,14 @@ fn a_clock_set_on_a_clone_of_a_context_in_use_keeps_the_shared_ledger() {
         let cx = cx.clone();
         let dispatches = &dispatches;
         async move {
-            engine::call(
+            send_bob(
                 &cx,
                 &SEND,
-                &("bob",),
-                &("bob",),
                 |_: Attempt| {
                     *dispatches.lock().unwrap() += 1;
                     async { Ok::<u32, NoAnswer>(7) }
                 },
-                Some(|_key| async { Verdict::Holds(7) }),
-                Codec::serde(),
+                |_key| async { Verdict::Holds(7) },
             )
             .await
         }
