@@ -15,7 +15,7 @@ use verified_tools::toolset::{
 };
 use verified_tools::{
     Classify, Context, EffectKind, ErrorClass, IdempotencyKey, Proof, SideEffect, Tool, ToolSpec,
-    Verdict, verified_tool,
+    Verdict, intern, verified_tool,
 };
 
 /// The other server: applies a request once per key, and can lose the
@@ -127,23 +127,24 @@ fn listing() -> Value {
     ])
 }
 
-/// The descriptors a proxy makes of the listing, once, at start-up.
+/// The descriptors a proxy makes of the listing, each time it reads it.
 fn proxied(listing: &Value) -> Vec<Proxied> {
-    let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
     listing
         .as_array()
         .unwrap()
         .iter()
         .map(|tool| {
-            let name = leak(tool["name"].as_str().unwrap());
+            let name = intern::text(tool["name"].as_str().unwrap());
             let mut spec = ToolSpec::new(name, SideEffect::High)
                 .with_verifier()
-                .with_description(leak(tool["description"].as_str().unwrap()));
+                .with_description(intern::text(tool["description"].as_str().unwrap()));
             if name == "charge" {
-                spec = spec.with_effect_key(&["order"]).with_effect_kind(EffectKind::Additive);
+                spec = spec
+                    .with_effect_key(intern::texts(&["order".to_owned()]))
+                    .with_effect_kind(EffectKind::Additive);
             }
             let schema = tool["inputSchema"].as_object().unwrap().clone();
-            Proxied { spec: Box::leak(Box::new(spec)), schema }
+            Proxied { spec: intern::spec(spec), schema }
         })
         .collect()
 }
@@ -182,6 +183,29 @@ fn a_run_time_tool_is_listed_as_its_upstream_describes_it() {
     assert_eq!(set.openai_tools()[2]["function"]["parameters"], upstream[1]["inputSchema"]);
     assert_eq!(set.anthropic_tools()[1]["input_schema"], upstream[0]["inputSchema"]);
     assert_eq!(set.get("remind").map(|t| t.spec().side_effect), Some(SideEffect::High));
+}
+
+#[test]
+fn a_listing_read_again_keeps_one_descriptor_per_tool() {
+    let first = proxied(&listing());
+    // A proxy reads the listing again each time the upstream says it
+    // changed: what did not change is the descriptor kept before.
+    for _ in 0..100 {
+        let again = proxied(&listing());
+        for (a, b) in first.iter().zip(&again) {
+            assert!(std::ptr::eq(a.spec, b.spec), "{} kept twice", a.spec.name);
+        }
+    }
+    // A tool whose description changed gets a descriptor of its own; the
+    // other keeps the one it had.
+    let mut changed = listing();
+    changed[0]["description"] = json!("Charges an order, in cents.");
+    let changed = proxied(&changed);
+    assert!(!std::ptr::eq(changed[0].spec, first[0].spec));
+    assert_eq!(changed[0].spec.description, "Charges an order, in cents.");
+    assert_eq!(first[0].spec.description, "Charges an order.");
+    assert!(std::ptr::eq(changed[1].spec, first[1].spec));
+    assert_eq!(changed[0].spec.effect_key, ["order"]);
 }
 
 #[tokio::test(start_paused = true)]

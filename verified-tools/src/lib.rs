@@ -164,6 +164,7 @@ pub mod deadline;
 pub mod engine;
 pub mod escalation;
 mod holder;
+pub mod intern;
 pub mod key;
 pub mod ledger;
 #[cfg(feature = "mcp")]

@@ -27,7 +27,7 @@ use crate::{Classify, IdempotencyKey, ToolSpec, Verdict};
 /// ```
 /// use std::io;
 /// use verified_tools::engine::{self, Attempt};
-/// use verified_tools::{Context, IdempotencyKey, SideEffect, Tool, ToolResult, ToolSpec, Verdict};
+/// use verified_tools::{intern, Context, IdempotencyKey, SideEffect, Tool, ToolResult, ToolSpec, Verdict};
 ///
 /// /// A tool whose descriptor is made at run time (a proxied tool, say).
 /// struct Remote {
@@ -54,7 +54,8 @@ use crate::{Classify, IdempotencyKey, ToolSpec, Verdict};
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let spec = Box::leak(Box::new(ToolSpec::new("remote_send", SideEffect::High).with_verifier()));
+/// // Kept once per content (`intern`), as the engine wants it for `'static`.
+/// let spec = intern::spec(ToolSpec::new("remote_send", SideEffect::High).with_verifier());
 /// let mut tool = Remote { spec, sent: Vec::new() };
 /// let cx = Context::new("gateway");
 /// let result = engine::run(&cx, &mut tool, &("bob",), &("bob",)).await;

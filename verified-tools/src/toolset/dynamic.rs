@@ -30,7 +30,7 @@ use crate::{ArgsError, Context, ToolSpec};
 /// use std::sync::Mutex;
 /// use verified_tools::engine::{self, Attempt};
 /// use verified_tools::toolset::{json_payload, DynTool, JsonObject, Status, ToolFuture, ToolOutcome, ToolSet};
-/// use verified_tools::{Context, IdempotencyKey, SideEffect, Tool, ToolSpec, Verdict};
+/// use verified_tools::{intern, Context, IdempotencyKey, SideEffect, Tool, ToolSpec, Verdict};
 ///
 /// /// Another server's tools, as this process reaches them.
 /// #[derive(Default)]
@@ -73,11 +73,12 @@ use crate::{ArgsError, Context, ToolSpec};
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// // Read from the upstream's `tools/list` at start-up: a descriptor made
-/// // once per upstream tool lives as long as the program.
+/// // Read from the upstream's `tools/list`. The descriptor is kept for the
+/// // rest of the process, once per content (`intern`): reading the listing
+/// // again gives back the same one.
 /// let listed = json!({"name": "send_mail", "inputSchema": {"type": "object"}});
-/// let name: &'static str = Box::leak(listed["name"].as_str().unwrap().to_owned().into_boxed_str());
-/// let spec = Box::leak(Box::new(ToolSpec::new(name, SideEffect::High).with_verifier()));
+/// let name = intern::text(listed["name"].as_str().unwrap());
+/// let spec = intern::spec(ToolSpec::new(name, SideEffect::High).with_verifier());
 /// let schema = listed["inputSchema"].as_object().unwrap().clone();
 ///
 /// let set = ToolSet::new(Upstream::default()).with_dyn(Proxied { spec, schema });
