@@ -8,21 +8,24 @@
 //! one round trip (`EVALSHA`; the scripts are loaded at connect, and again
 //! by the client after a Redis restart empties the script cache).
 
+mod args;
+mod reply;
+mod retry;
 mod scripts;
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
-use tokio::time::{Instant, sleep, timeout_at};
+use redis::{Cmd, RedisError, ScriptInvocation, Value};
 
+use self::args::{fence_arg, fingerprint_hex, glob_prefix, micros, millis, settle_arg, token};
+use self::reply::{claimed, fenced, held, read_views, resolved, scanned};
+use self::retry::{UNDO_FOR, Unanswered, bound, no_answer, retrying, run, unavailable};
 use super::{
-    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Replay, Resolution, Settle, StoreError,
+    Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, RecordState,
+    RecordView, Resolution,
 };
-use crate::{IdempotencyKey, PayloadDigest};
+use crate::IdempotencyKey;
 use scripts::{
     S_ABANDON, S_CLAIM, S_DISPATCHING, S_FINISH, S_HOLD, S_READ, S_RELEASE, S_RESOLVE, S_WITHDRAW,
     SCRIPTS, script,
@@ -31,22 +34,6 @@ use scripts::{
 /// Keys asked of `SCAN` per round trip by [`Ledger::in_doubt`], and records
 /// read per `READ` script.
 const SCAN_COUNT: usize = 256;
-
-/// The first pause before an operation is sent again after a transient
-/// failure; each later one doubles, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-
-/// The longest pause between two tries of one operation.
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
-
-/// How long the undoing of an unanswered claim or write-through is retried
-/// in the background: a store that comes back within it gets the record
-/// right; later, the record stays conservative.
-const UNDO_FOR: Duration = Duration::from_secs(30);
-
-/// Durations sent to Redis are capped here (about 35 years): the scripts'
-/// arithmetic is on doubles, exact below 2^53 µs.
-const MAX_MICROS: u64 = 1 << 50;
 
 /// A ledger in a Redis (or Valkey) server, shared by every process and host
 /// that connects to it with the same prefix.
@@ -421,329 +408,6 @@ impl RedisLedger {
     }
 }
 
-/// Runs a script, retrying transient failures within `budget`.
-async fn run(
-    conn: &ConnectionManager,
-    budget: Duration,
-    invocation: &ScriptInvocation<'_>,
-) -> Result<Value, LedgerError> {
-    retrying(budget, || {
-        let mut conn = conn.clone();
-        async move { invocation.invoke_async::<Value>(&mut conn).await }
-    })
-    .await
-}
-
-/// Tries `op` until it answers, within `budget`: a transient failure (what a
-/// restart or a failover looks like, see [`transient`]) is tried again after
-/// a pause that doubles; any other error, or the budget spent, fails.
-///
-/// Every operation of this ledger is safe to send again after its answer was
-/// lost (see [Failures](RedisLedger#failures)): that is what makes a retry
-/// on a connection that broke after the server ran the script harmless.
-async fn retrying<F, Fut>(budget: Duration, mut op: F) -> Result<Value, LedgerError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Value, RedisError>>,
-{
-    let deadline = Instant::now() + budget;
-    let mut pause = FIRST_BACKOFF;
-    let mut last = None;
-    loop {
-        let error = match timeout_at(deadline, op()).await {
-            Err(_) => return Err(no_answer(budget, last.take())),
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(error)) if transient(&error) => error,
-            Ok(Err(error)) => return Err(unavailable(error)),
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(unavailable(error));
-        }
-        last = Some(error);
-        sleep(pause.min(left)).await;
-        pause = (pause * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Whether an error is what a restart, a failover or a lossy network looks
-/// like, and goes away by itself: the connection reset, refused or closed,
-/// an I/O error or an answer that timed out (the connection manager
-/// re-establishes the connection), or Redis saying it cannot serve yet.
-/// `BUSY` is not among them: it is a script that runs too long, not a store
-/// coming back.
-fn transient(error: &RedisError) -> bool {
-    error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_timeout()
-        || matches!(
-            error.kind(),
-            ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::ClusterDown
-            )
-        )
-}
-
-/// A fresh random token: a claim's, a write-through's or a decision's, so
-/// that the store recognises it when it is sent again.
-fn token() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    // RandomState's keys are random per process; the counter makes every
-    // token of the process differ.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    RandomState::new().hash_one(NEXT.fetch_add(1, Ordering::Relaxed)).to_string()
-}
-
-/// Undoes, when dropped armed, what an operation may have written for a
-/// caller that never got its answer (see [`RELEASE`](scripts::RELEASE),
-/// [`WITHDRAW`](scripts::WITHDRAW)).
-struct Unanswered<'a> {
-    ledger: &'a RedisLedger,
-    which: usize,
-    keys: Vec<String>,
-    args: Vec<String>,
-    armed: bool,
-}
-
-impl Unanswered<'_> {
-    /// The caller has the answer: nothing to undo.
-    fn answered(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let (keys, args) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.args));
-            self.ledger.spawn(self.which, keys, args);
-        }
-    }
-}
-
-fn bound(timeout: Duration) -> Duration {
-    timeout.saturating_mul(2)
-}
-
-/// Redis failed: the [`RedisError`] is kept as the error's source.
-fn unavailable(error: RedisError) -> LedgerError {
-    LedgerError::Unavailable(StoreError::with_source(format!("redis: {error}"), error))
-}
-
-/// No answer within `after`: the last transient failure, if any, is kept as
-/// the error's source.
-fn no_answer(after: Duration, last: Option<RedisError>) -> LedgerError {
-    LedgerError::Unavailable(match last {
-        Some(error) => StoreError::with_source(
-            format!("redis: {error} (still failing after {after:?})"),
-            error,
-        ),
-        None => format!("redis: no answer within {after:?}").into(),
-    })
-}
-
-fn corrupt(what: &str, reply: &Value) -> LedgerError {
-    LedgerError::Corrupt(format!("redis: unexpected {what} reply {reply:?}").into())
-}
-
-/// A duration in µs, rounded up (a lease or settle time is never shortened),
-/// capped at [`MAX_MICROS`].
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX).min(MAX_MICROS)
-}
-
-/// A duration in ms, rounded up, capped as [`micros`].
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX).min(MAX_MICROS / 1_000)
-}
-
-/// A settle time as the scripts take it: µs from now, -1 for never.
-fn settle_arg(settle: Settle) -> i64 {
-    match settle {
-        // MAX_MICROS fits an i64.
-        Settle::After(d) => micros(d) as i64,
-        Settle::Never => -1,
-    }
-}
-
-fn fingerprint_hex(fingerprint: PayloadDigest) -> String {
-    format!("{:032x}", fingerprint.as_u128())
-}
-
-fn fence_arg(fence: Fence) -> String {
-    fence.0.to_string()
-}
-
-/// Reads a claim script's reply.
-fn claimed(reply: &Value, request: &ClaimRequest) -> Result<Claim, LedgerError> {
-    let bad = || corrupt("claim", reply);
-    let Value::Array(items) = reply else { return Err(bad()) };
-    let int = |i: usize| match items.get(i) {
-        Some(Value::Int(n)) => Ok(*n),
-        _ => Err(bad()),
-    };
-    let fence = |i: usize| int(i).and_then(|n| u64::try_from(n).map(Fence).map_err(|_| bad()));
-    let key = match (int(1)?, request.previous) {
-        (0, _) => request.key,
-        (1, Some((previous, _))) => previous,
-        _ => return Err(bad()),
-    };
-    let state = match int(0)? {
-        1 => Claimed::Fresh(fence(2)?),
-        2 => {
-            let attempts = u32::try_from(int(3)?).map_err(|_| bad())?;
-            let settle = match int(5)? {
-                left if left >= 0 => Settle::After(Duration::from_micros(left.unsigned_abs())),
-                _ => Settle::Never,
-            };
-            Claimed::Resume(fence(2)?, Progress { attempts, after_ok: int(4)? != 0, settle })
-        }
-        3 => Claimed::Completed(match (int(2)?, items.get(3)) {
-            (0, None) => Replay::Unrecorded,
-            (1, Some(Value::BulkString(bytes))) => Replay::Encoded(bytes.clone()),
-            _ => return Err(bad()),
-        }),
-        4 => Claimed::InFlight(Duration::from_micros(int(2)?.max(0).unsigned_abs())),
-        5 => Claimed::Mismatch,
-        _ => return Err(bad()),
-    };
-    Ok(Claim { key, state })
-}
-
-/// Reads a `READ` script's reply: the time, then five fields per key.
-fn read_views(
-    reply: &Value,
-    keys: &[IdempotencyKey],
-) -> Result<Vec<Option<RecordView>>, LedgerError> {
-    views_of(reply, keys).ok_or_else(|| corrupt("read", reply))
-}
-
-fn views_of(reply: &Value, keys: &[IdempotencyKey]) -> Option<Vec<Option<RecordView>>> {
-    let Value::Array(items) = reply else { return None };
-    let (Value::Int(now), fields) = items.split_first()? else { return None };
-    if fields.len() != 5 * keys.len() {
-        return None;
-    }
-    let mut views = Vec::with_capacity(keys.len());
-    for (&key, f) in keys.iter().zip(fields.chunks_exact(5)) {
-        let Some(state) = text(&f[0])? else {
-            // Expired or deleted since it was found.
-            views.push(None);
-            continue;
-        };
-        let state = match state {
-            // A hold past its lease is in doubt: the next claim takes it
-            // over to verify first, as it does a record in doubt.
-            "h" if number(&f[1])?.is_some_and(|end| *now < end) => RecordState::Held,
-            "h" | "d" => RecordState::InDoubt,
-            "s" => RecordState::Settled,
-            "c" => RecordState::Completed,
-            _ => return None,
-        };
-        let attempts = u32::try_from(number(&f[2])??).ok()?;
-        let after_ok = text(&f[3])? == Some("1");
-        let settle = match number(&f[4])? {
-            Some(at) => {
-                Settle::After(Duration::from_micros(at.saturating_sub(*now).max(0).unsigned_abs()))
-            }
-            None => Settle::Never,
-        };
-        let progress = Progress { attempts, after_ok, settle };
-        views.push(Some(RecordView { key, state, progress }));
-    }
-    Some(views)
-}
-
-/// A hash field as text: `Some(None)` when absent, `None` when not text.
-fn text(value: &Value) -> Option<Option<&str>> {
-    match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(Some),
-        Value::Nil => Some(None),
-        _ => None,
-    }
-}
-
-/// A hash field as an integer: `Some(None)` when absent, `None` when not one.
-fn number(value: &Value) -> Option<Option<i64>> {
-    match text(value)? {
-        Some(t) => t.parse().ok().map(Some),
-        None => Some(None),
-    }
-}
-
-/// Reads a `HOLD` script's reply: the lease left (µs), or -1 when the fence
-/// does not hold the key.
-fn held(reply: &Value) -> Result<Option<Duration>, LedgerError> {
-    match reply {
-        Value::Int(-1) => Ok(None),
-        Value::Int(left) if *left > 0 => Ok(Some(Duration::from_micros(left.unsigned_abs()))),
-        other => Err(corrupt("hold", other)),
-    }
-}
-
-/// Reads a `RESOLVE` script's reply: the state before, by its letter.
-fn resolved(reply: &Value) -> Result<Option<RecordState>, LedgerError> {
-    let letter = match reply {
-        Value::Int(0) => return Ok(None),
-        Value::BulkString(bytes) => bytes.as_slice(),
-        Value::SimpleString(text) => text.as_bytes(),
-        _ => return Err(corrupt("resolve", reply)),
-    };
-    Ok(Some(match letter {
-        b"h" => RecordState::Held,
-        b"d" => RecordState::InDoubt,
-        b"s" => RecordState::Settled,
-        b"c" => RecordState::Completed,
-        _ => return Err(corrupt("resolve", reply)),
-    }))
-}
-
-/// `SCAN`'s pattern matching the keys that start with `prefix`, its glob
-/// characters escaped.
-fn glob_prefix(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 4);
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
-    pattern.push_str("k:*");
-    pattern
-}
-
-/// Reads a `SCAN` reply: the next cursor (0: done) and the keys found.
-fn scanned(reply: &Value) -> Result<(u64, Vec<&[u8]>), LedgerError> {
-    let bad = || corrupt("scan", reply);
-    let Value::Array(items) = reply else { return Err(bad()) };
-    let [Value::BulkString(cursor), Value::Array(names)] = items.as_slice() else {
-        return Err(bad());
-    };
-    let cursor = std::str::from_utf8(cursor).ok().and_then(|c| c.parse().ok()).ok_or_else(bad)?;
-    let names = names
-        .iter()
-        .map(|name| match name {
-            Value::BulkString(bytes) => Ok(bytes.as_slice()),
-            _ => Err(bad()),
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((cursor, names))
-}
-
-/// Reads a fenced write's reply: 1 done, 0 fenced.
-fn fenced(what: &str, reply: &Value, fence: Fence) -> Result<(), LedgerError> {
-    match reply {
-        Value::Int(1) => Ok(()),
-        Value::Int(0) => Err(LedgerError::Fenced(fence)),
-        other => Err(corrupt(what, other)),
-    }
-}
-
 impl Ledger for RedisLedger {
     fn claim(&self, request: ClaimRequest) -> LedgerFuture<'_, Claim> {
         LedgerFuture::boxed(async move {
@@ -922,6 +586,8 @@ impl Ledger for RedisLedger {
 
 #[cfg(test)]
 mod tests {
+    use redis::ErrorKind;
+
     use super::*;
 
     /// The client's own error, reached through the `LedgerError`'s source.
@@ -947,106 +613,5 @@ mod tests {
             .expect_err("nothing listens");
         let redis = redis_source(&error);
         assert!(redis.is_connection_refusal() || redis.is_io_error(), "{redis:?}");
-    }
-
-    #[test]
-    fn durations_round_up_and_are_capped() {
-        assert_eq!(micros(Duration::from_nanos(1)), 1);
-        assert_eq!(micros(Duration::from_micros(7)), 7);
-        assert_eq!(millis(Duration::from_micros(1_001)), 2);
-        assert_eq!(micros(Duration::MAX), MAX_MICROS);
-        assert_eq!(millis(Duration::MAX), MAX_MICROS / 1_000);
-        assert_eq!(settle_arg(Settle::Never), -1);
-        assert_eq!(settle_arg(Settle::NOW), 0);
-    }
-
-    #[test]
-    fn claim_replies_are_read_for_the_right_key() {
-        let key = IdempotencyKey::from_u128(1);
-        let previous = IdempotencyKey::from_u128(2);
-        let first = Progress { attempts: 1, after_ok: false, settle: Settle::NOW };
-        let request = ClaimRequest {
-            key,
-            fingerprint: PayloadDigest::from_u128(1),
-            previous: Some((previous, PayloadDigest::from_u128(2))),
-            first,
-            now: tokio::time::Instant::now(),
-        };
-        let reply = |items: Vec<Value>| Value::Array(items);
-        let claim = claimed(&reply(vec![Value::Int(1), Value::Int(0), Value::Int(9)]), &request)
-            .expect("a fresh claim");
-        assert_eq!(claim.key, key);
-        assert!(matches!(claim.state, Claimed::Fresh(Fence(9))));
-        let resume = [2, 1, 10, 3, 1, -1].map(Value::Int).to_vec();
-        let claim = claimed(&reply(resume), &request).expect("a resumed claim");
-        assert_eq!(claim.key, previous);
-        let Claimed::Resume(Fence(10), progress) = claim.state else { panic!("{claim:?}") };
-        assert_eq!(progress, Progress { attempts: 3, after_ok: true, settle: Settle::Never });
-        let done =
-            vec![Value::Int(3), Value::Int(0), Value::Int(1), Value::BulkString(b"7".into())];
-        let claim = claimed(&reply(done), &request).expect("a completed claim");
-        assert!(matches!(claim.state, Claimed::Completed(Replay::Encoded(ref b)) if b == b"7"));
-        let unrecorded =
-            claimed(&reply(vec![Value::Int(3), Value::Int(0), Value::Int(0)]), &request);
-        assert!(matches!(unrecorded.map(|c| c.state), Ok(Claimed::Completed(Replay::Unrecorded))));
-        let flight =
-            claimed(&reply(vec![Value::Int(4), Value::Int(0), Value::Int(1500)]), &request);
-        assert!(
-            matches!(flight.map(|c| c.state), Ok(Claimed::InFlight(d)) if d == Duration::from_micros(1500))
-        );
-        // Anything else is corrupt, never guessed at.
-        let alone = ClaimRequest { previous: None, ..request };
-        assert!(matches!(
-            claimed(&reply(vec![Value::Int(5), Value::Int(1)]), &alone),
-            Err(LedgerError::Corrupt(_))
-        ));
-        assert!(matches!(claimed(&Value::Nil, &request), Err(LedgerError::Corrupt(_))));
-        let unknown = claimed(&reply(vec![Value::Int(9), Value::Int(0)]), &request);
-        assert!(matches!(unknown, Err(LedgerError::Corrupt(_))));
-    }
-
-    #[test]
-    fn operator_replies_are_read_and_anything_else_is_corrupt() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let (a, b) = (IdempotencyKey::from_u128(1), IdempotencyKey::from_u128(2));
-        // A hold past its lease (at 1000, now 5000) is in doubt; a record
-        // gone since it was found is none.
-        let reply = Value::Array(vec![
-            Value::Int(5_000),
-            bulk("h"),
-            bulk("1000"),
-            bulk("2"),
-            bulk("1"),
-            bulk("7000"),
-            Value::Nil,
-            Value::Nil,
-            Value::Nil,
-            Value::Nil,
-            Value::Nil,
-        ]);
-        let views = read_views(&reply, &[a, b]).expect("a read reply");
-        let settle = Settle::After(Duration::from_micros(2_000));
-        let progress = Progress { attempts: 2, after_ok: true, settle };
-        assert_eq!(
-            views,
-            [Some(RecordView { key: a, state: RecordState::InDoubt, progress }), None]
-        );
-        assert!(matches!(read_views(&reply, &[a]), Err(LedgerError::Corrupt(_))));
-        assert_eq!(held(&Value::Int(-1)), Ok(None));
-        assert_eq!(held(&Value::Int(1_500)), Ok(Some(Duration::from_micros(1_500))));
-        assert!(matches!(held(&Value::Int(0)), Err(LedgerError::Corrupt(_))));
-        assert!(matches!(held(&bulk("1")), Err(LedgerError::Corrupt(_))));
-        assert_eq!(resolved(&Value::Int(0)), Ok(None));
-        assert_eq!(resolved(&bulk("h")), Ok(Some(RecordState::Held)));
-        assert_eq!(resolved(&bulk("d")), Ok(Some(RecordState::InDoubt)));
-        assert!(matches!(resolved(&bulk("x")), Err(LedgerError::Corrupt(_))));
-        let scan = Value::Array(vec![bulk("17"), Value::Array(vec![bulk("vt:k:00")])]);
-        assert_eq!(scanned(&scan).expect("a scan reply"), (17, vec![&b"vt:k:00"[..]]));
-    }
-
-    #[test]
-    fn glob_characters_of_a_prefix_are_matched_literally() {
-        assert_eq!(glob_prefix("vt:"), "vt:k:*");
-        assert_eq!(glob_prefix(r"a*b?[c]\"), r"a\*b\?\[c\]\\k:*");
     }
 }
