@@ -474,7 +474,7 @@ impl Ledger for PostgresLedger {
         LedgerFuture::boxed(async move {
             let bytes = sql::key_bytes(key);
             let bytes: &[u8] = &bytes;
-            let fence = i64::try_from(fence.0).unwrap_or(i64::MAX);
+            let fence = sql::fence_arg(fence);
             let params: &Params<'_> = &[(&bytes, Type::BYTEA), (&fence, Type::INT8)];
             let rows = self.inner.query(&self.inner.sql.hold, params).await?;
             let Some(row) = rows.first() else { return Ok(None) };

@@ -7,7 +7,7 @@
 //! One table of records and one row of meta data, tagged with
 //! `PRAGMA application_id` (so that another application's database is
 //! refused, not written into) and versioned with `PRAGMA user_version`
-//! ([`SCHEMA_VERSION`]). [`SqliteLedger::open`] creates the schema in an
+//! ([`SCHEMA_VERSION`]). [`SqliteLedger::open`](super::SqliteLedger::open) creates the schema in an
 //! empty file and refuses a version it does not know.
 //!
 //! | column | meaning |
@@ -19,7 +19,7 @@
 //! | `lease_end_ms` | when the hold ends (`held` only) |
 //! | `attempts`, `after_ok` | [`Progress`], written through before every attempt |
 //! | `settle_at_ms` | when the last attempt settles; `NULL`: never |
-//! | `value` | a completed call's value ([`Recorded::encode`]); `NULL`: unrecorded |
+//! | `value` | a completed call's value ([`Recorded::encode`](crate::ledger::Recorded::encode)); `NULL`: unrecorded |
 //! | `expires_at_ms` | when a `completed` or `settled` record expires; `NULL` otherwise |
 //!
 //! `CHECK` constraints tie the columns to the state, so a bug that would

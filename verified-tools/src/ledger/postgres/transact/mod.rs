@@ -48,7 +48,7 @@ pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send +
 
 /// The connection of one attempt, inside the transaction that will also
 /// complete the call's record. It dereferences to the
-/// [`Client`](tokio_postgres::Client): run statements on it as on any
+/// [`Client`]: run statements on it as on any
 /// client (`&*tx` where a [`GenericClient`](tokio_postgres::GenericClient)
 /// is wanted).
 ///
