@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use verified_tools::sim::{
-    ActivateCustomer, CustomerId, CustomerStatus, Effect, EffectCount, FaultLevel, FaultProfile,
-    InvoiceId, Op, Oracle, RecordId, RecordInvoice, RecordStatus, RowId, SimConfig, SimError,
-    SimServer, StaleReads, Task, TaskKind, Timeout, TimeoutKind,
+    ActivateCustomer, CustomerId, CustomerStatus, Effect, EffectCount, FaultDraw, FaultLevel,
+    FaultProfile, InvoiceId, Lag, Op, Oracle, RecordId, RecordInvoice, RecordStatus, RowId,
+    SimConfig, SimError, SimServer, StaleReads, Task, TaskKind, Timeout, TimeoutKind,
 };
 use verified_tools::{Classify, Deadline, ErrorClass, IdempotencyKey};
 
@@ -37,15 +37,33 @@ fn server(profile: FaultProfile) -> (Arc<SimServer>, Oracle) {
     SimServer::new(SimConfig::new(42, profile))
 }
 
-/// The first seed whose fault draws satisfy `pred`.
-fn seed_where(pred: impl Fn(u64) -> bool) -> u64 {
-    (0..100_000).find(|&s| pred(s)).expect("a seed with these faults")
+/// A call whose answer is lost this way ([`Oracle::script`]).
+fn lost(timeout: Timeout) -> FaultDraw {
+    FaultDraw { timeout: Some(timeout), ..FaultDraw::default() }
 }
 
-/// A server with customer `C` already created, without faults on that call.
+/// A compound write that applies in part, and says so.
+fn partial() -> FaultDraw {
+    FaultDraw { partial: true, ..FaultDraw::default() }
+}
+
+/// A versioned write that a concurrent writer beats.
+fn conflict() -> FaultDraw {
+    FaultDraw { conflict: true, ..FaultDraw::default() }
+}
+
+/// A write that stays invisible to `reads` reads and for `ms` milliseconds.
+fn lagged(reads: u32, ms: u64) -> FaultDraw {
+    let lag = Lag { reads, time: Duration::from_millis(ms), bound: None };
+    FaultDraw { lag: Some(lag), ..FaultDraw::default() }
+}
+
+/// A server with customer `C` already created, without faults on that call
+/// whatever the profile.
 async fn with_customer(cfg: SimConfig) -> (Arc<SimServer>, Oracle, u64) {
     let (s, o) = SimServer::new(cfg);
-    let c = s.create_customer(C, None, None).await.expect("no fault drawn on create");
+    o.script(Op::CreateCustomer, 0, FaultDraw::default());
+    let c = s.create_customer(C, None, None).await.expect("no fault on create");
     (s, o, c.version)
 }
 
@@ -81,10 +99,9 @@ async fn a_timeout_after_applying_leaves_the_effect() {
 #[tokio::test(start_paused = true)]
 async fn every_timeout_reaches_the_server_at_once_or_late_by_default() {
     let p = FaultProfile { timeout: 1.0, ..FaultProfile::NONE };
-    // Every call times out; pick a seed whose creation got applied at once.
-    let seed =
-        seed_where(|s| p.draw(s, Op::CreateCustomer, 0).timeout == Some(Timeout::AfterApplying));
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    // Every call times out; the creation is applied at once.
+    let (s, o) = server(p);
+    o.script(Op::CreateCustomer, 0, lost(Timeout::AfterApplying));
     assert_eq!(s.create_customer(C, None, None).await, Err(SimError::Timeout));
     let t0 = Instant::now();
     for _ in 0..2_000 {
@@ -114,9 +131,8 @@ async fn every_timeout_reaches_the_server_at_once_or_late_by_default() {
 async fn the_earlier_split_before_or_after_applying_is_an_option() {
     let p = FaultProfile { timeout: 1.0, ..FaultProfile::NONE }.legacy();
     assert_eq!(p.timeout_kind, TimeoutKind::BeforeOrAfter { applied_share: 0.5 });
-    let seed =
-        seed_where(|s| p.draw(s, Op::CreateCustomer, 0).timeout == Some(Timeout::AfterApplying));
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    let (s, o) = server(p);
+    o.script(Op::CreateCustomer, 0, lost(Timeout::AfterApplying));
     assert_eq!(s.create_customer(C, None, None).await, Err(SimError::Timeout));
     for _ in 0..2_000 {
         assert_eq!(s.send_welcome(C, None, None).await, Err(SimError::Timeout));
@@ -133,30 +149,18 @@ async fn the_earlier_split_before_or_after_applying_is_an_option() {
 
 // ---------------------------------------------------------------- late arrivals and deadlines
 
-/// A seed whose customer is created without faults and whose first send is
-/// a late arrival received `> after` after it was sent, the second send
-/// answered; and that delay.
-fn late_send_seed(p: &FaultProfile, after: Duration) -> (u64, Duration) {
-    let late = |s: u64| match p.draw(s, Op::SendWelcome, 0).timeout {
-        Some(Timeout::Late(d)) if d > after => Some(d),
-        _ => None,
-    };
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateCustomer, 0) == Default::default()
-            && late(s).is_some()
-            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
-    });
-    (seed, late(seed).unwrap())
-}
+/// How late the first send of the late-arrival tests reaches the server:
+/// after the retry at 1.2 s.
+const LATE: Duration = Duration::from_millis(2_500);
 
 #[tokio::test(start_paused = true)]
 async fn a_late_arrival_lands_after_the_retry_and_duplicates_only_without_keys() {
-    let p = FaultProfile { timeout: 0.5, ..FaultProfile::NONE };
     let retry_at = Duration::from_millis(1_200);
-    let (seed, delay) = late_send_seed(&p, retry_at);
+    let delay = LATE;
     for honour in [true, false] {
-        let cfg = SimConfig::new(seed, p).with_honour_keys(honour);
+        let cfg = SimConfig::new(42, FaultProfile::NONE).with_honour_keys(honour);
         let (s, o, _) = with_customer(cfg).await;
+        o.script(Op::SendWelcome, 0, lost(Timeout::Late(delay)));
         let t0 = Instant::now();
         // No deadline sent: nothing stops the late request.
         assert_eq!(s.send_welcome(C, key(5), None).await, Err(SimError::Timeout));
@@ -184,12 +188,12 @@ async fn a_late_arrival_lands_after_the_retry_and_duplicates_only_without_keys()
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_honouring_server_drops_a_late_request_past_its_deadline() {
-    let p = FaultProfile { timeout: 0.5, ..FaultProfile::NONE };
-    let (seed, delay) = late_send_seed(&p, Duration::from_millis(1_200));
+    let delay = LATE;
     for honour_deadlines in [true, false] {
         // Keys ignored: only the deadline can stop the duplicate.
-        let cfg = SimConfig::new(seed, p).with_honour_keys(false);
+        let cfg = SimConfig::new(42, FaultProfile::NONE).with_honour_keys(false);
         let (s, o, _) = with_customer(cfg.with_honour_deadlines(honour_deadlines)).await;
+        o.script(Op::SendWelcome, 0, lost(Timeout::Late(delay)));
         let t0 = Instant::now();
         let deadline = Deadline::after(Duration::from_secs(1));
         assert_eq!(s.send_welcome(C, key(5), Some(deadline)).await, Err(SimError::Timeout));
@@ -313,14 +317,11 @@ async fn a_key_reused_for_another_request_is_refused() {
 async fn a_retry_after_an_applied_timeout_is_deduplicated_only_with_keys() {
     let p = FaultLevel::High.profile();
     // Call 0 of the send times out after applying; call 1 goes through.
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateCustomer, 0) == Default::default()
-            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
-            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
-    });
     for honour in [true, false] {
-        let cfg = SimConfig::new(seed, p).with_honour_keys(honour);
+        let cfg = SimConfig::new(42, p).with_honour_keys(honour);
         let (s, o, _) = with_customer(cfg).await;
+        o.script(Op::SendWelcome, 0, lost(Timeout::AfterApplying));
+        o.script(Op::SendWelcome, 1, FaultDraw::default());
         assert_eq!(s.send_welcome(C, key(5), None).await, Err(SimError::Timeout));
         let retry = s.send_welcome(C, key(5), None).await.unwrap();
         let truth = o.truth();
@@ -368,18 +369,13 @@ async fn partial_success_answers_ok_and_leaves_record_invoice_false() {
 
 #[tokio::test(start_paused = true)]
 async fn completing_a_partial_update_is_not_a_duplicate_but_a_second_full_one_is() {
-    let p = FaultProfile::NONE;
-    // A seed whose calls 0, 1, 2 are partial, full, full.
-    let half = FaultProfile { partial_success: 0.5, ..p };
-    let seed = seed_where(|s| {
-        half.draw(s, Op::UpdateInvoiceRow, 0).partial
-            && !half.draw(s, Op::UpdateInvoiceRow, 1).partial
-            && !half.draw(s, Op::UpdateInvoiceRow, 2).partial
-    });
-    let (s, o) = SimServer::new(SimConfig::new(seed, half));
+    // Call 0 is partial; the others are full.
+    let (s, o) = server(FaultProfile::NONE);
+    o.script(Op::UpdateInvoiceRow, 0, partial());
     assert_eq!(s.update_invoice_row(ROW, INV, AMOUNT, None, None).await.unwrap().amount, None);
     // A retry with the same key replays the partial answer and repairs nothing.
-    let (s2, o2) = SimServer::new(SimConfig::new(seed, half));
+    let (s2, o2) = server(FaultProfile::NONE);
+    o2.script(Op::UpdateInvoiceRow, 0, partial());
     s2.update_invoice_row(ROW, INV, AMOUNT, key(3), None).await.unwrap();
     assert_eq!(s2.update_invoice_row(ROW, INV, AMOUNT, key(3), None).await.unwrap().amount, None);
     assert_eq!(o2.truth().applied(Op::UpdateInvoiceRow, ROW.0).applied, 1);
@@ -503,12 +499,8 @@ async fn partial_oks_occur_at_their_rate_and_only_on_compound_writes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_conflict_bumps_the_version_and_rejects_the_write() {
-    let p = FaultProfile { conflict: 0.5, ..FaultProfile::NONE };
-    let seed = seed_where(|s| {
-        p.draw(s, Op::SetCustomerStatus, 0).conflict
-            && !p.draw(s, Op::SetCustomerStatus, 1).conflict
-    });
-    let (s, o, v) = with_customer(SimConfig::new(seed, p)).await;
+    let (s, o, v) = with_customer(SimConfig::new(42, FaultProfile::NONE)).await;
+    o.script(Op::SetCustomerStatus, 0, conflict());
     assert_eq!(v, 1);
     let err = s.set_customer_status(C, CustomerStatus::Active, v, key(1), None).await.unwrap_err();
     assert_eq!(err, SimError::Conflict { expected: 1, actual: 2 });
@@ -568,13 +560,8 @@ async fn stale_reads_end_after_the_read_lag_and_the_time_lag() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delayed_update_shows_the_previous_state_then_the_new_one() {
-    let p = bulk_lags(FaultProfile { delayed_visibility: 0.5, ..FaultProfile::NONE })
-        .with_lag(2, Duration::from_millis(300));
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateCustomer, 0).lag.is_none()
-            && p.draw(s, Op::SetCustomerStatus, 0).lag.is_some()
-    });
-    let (s, _o, v) = with_customer(SimConfig::new(seed, p)).await;
+    let (s, o, v) = with_customer(SimConfig::new(42, FaultProfile::NONE)).await;
+    o.script(Op::SetCustomerStatus, 0, lagged(2, 300));
     s.set_customer_status(C, CustomerStatus::Active, v, None, None).await.unwrap();
     let seen = s.get_customer(C).await.unwrap().unwrap();
     assert_eq!((seen.status, seen.version), (CustomerStatus::Pending, 1));
@@ -586,15 +573,14 @@ async fn a_delayed_update_shows_the_previous_state_then_the_new_one() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delayed_send_fools_a_naive_verifier_into_a_duplicate_without_keys() {
-    let p = FaultProfile { delayed_visibility: 1.0, timeout: 0.5, ..FaultProfile::NONE };
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateCustomer, 0).timeout.is_none()
-            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
-            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
-    });
+    // Every write is delayed; the first send's answer is lost as well.
+    let p = FaultProfile { delayed_visibility: 1.0, ..FaultProfile::NONE };
     for honour in [true, false] {
-        let cfg = SimConfig::new(seed, p).with_honour_keys(honour);
+        let cfg = SimConfig::new(42, p).with_honour_keys(honour);
         let (s, o) = SimServer::new(cfg);
+        let lost_and_lagged =
+            FaultDraw { lag: lagged(2, 1_000).lag, ..lost(Timeout::AfterApplying) };
+        o.script(Op::SendWelcome, 0, lost_and_lagged);
         s.create_customer(C, None, None).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await; // let the customer show
         let _ = s.get_customer(C).await;
@@ -892,17 +878,10 @@ async fn repairs_shift_no_other_operations_faults() {
 
 #[tokio::test(start_paused = true)]
 async fn filling_in_a_partial_record_is_not_a_duplicate_but_a_second_full_fill_is() {
-    let half = FaultProfile { partial_success: 0.5, ..FaultProfile::NONE };
-    // The creation is partial; update call 0 is partial, calls 2 and 3 full
-    // (call 1 replays a key, which only draws a timeout); the row is full.
-    let seed = seed_where(|s| {
-        half.draw(s, Op::CreateRecord, 0).partial
-            && half.draw(s, Op::UpdateRecordFields, 0).partial
-            && !half.draw(s, Op::UpdateRecordFields, 2).partial
-            && !half.draw(s, Op::UpdateRecordFields, 3).partial
-            && !half.draw(s, Op::UpdateInvoiceRow, 0).partial
-    });
-    let (s, o) = SimServer::new(SimConfig::new(seed, half));
+    // The creation is partial, and update call 0; the other calls are full
+    // (call 1 replays a key, which only draws a timeout).
+    let (s, o) = server(FaultProfile::NONE);
+    o.script(Op::CreateRecord, 0, partial()).script(Op::UpdateRecordFields, 0, partial());
     let r = s.create_record(REC, INV, AMOUNT, key(1), None).await.unwrap();
     assert_eq!((r.invoice_id, r.amount, r.version), (None, None, 1));
 
@@ -945,15 +924,13 @@ async fn filling_in_a_partial_record_is_not_a_duplicate_but_a_second_full_fill_i
 #[tokio::test(start_paused = true)]
 async fn update_record_fields_times_out_before_and_after_applying() {
     // The earlier split: lost before the server, or applied then lost.
-    let p = FaultProfile { timeout: 0.5, ..FaultProfile::NONE }.legacy();
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateRecord, 0).timeout.is_none()
-            && p.draw(s, Op::UpdateRecordFields, 0).timeout == Some(Timeout::BeforeApplying)
-            && p.draw(s, Op::UpdateRecordFields, 1).timeout == Some(Timeout::AfterApplying)
-            && p.draw(s, Op::UpdateRecordFields, 2).timeout.is_none()
-            && p.draw(s, Op::UpdateRecordFields, 3).timeout.is_none()
-    });
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    let p = FaultProfile::NONE.legacy();
+    let (s, o) = server(p);
+    o.script(Op::UpdateRecordFields, 0, lost(Timeout::BeforeApplying)).script(
+        Op::UpdateRecordFields,
+        1,
+        lost(Timeout::AfterApplying),
+    );
     s.create_record(REC, INV, AMOUNT, None, None).await.unwrap();
     let t0 = Instant::now();
     let new_amount = AMOUNT + 1;
@@ -1009,18 +986,15 @@ async fn update_record_fields_without_server_keys_applies_every_call() {
 
 #[tokio::test(start_paused = true)]
 async fn update_record_fields_hits_conflicts_and_missing_records() {
-    let p = FaultProfile { conflict: 0.5, ..FaultProfile::NONE };
-    let seed = seed_where(|s| {
-        p.draw(s, Op::UpdateRecordFields, 0).conflict
-            && !p.draw(s, Op::UpdateRecordFields, 1).conflict
-    });
     // Call 0 draws a conflict, but there is no record to bump nor to update.
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    let (s, o) = server(FaultProfile::NONE);
+    o.script(Op::UpdateRecordFields, 0, conflict());
     let err = s.update_record_fields(REC, INV, AMOUNT, 1, key(1), None).await;
     assert_eq!(err, Err(SimError::NotFound));
     assert_eq!(o.truth().faults().conflicts, 0);
-    // The same seed with the record: the concurrent writer bumps it first.
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    // The same draw with the record: the concurrent writer bumps it first.
+    let (s, o) = server(FaultProfile::NONE);
+    o.script(Op::UpdateRecordFields, 0, conflict());
     s.create_record(REC, INV, AMOUNT, None, None).await.unwrap();
     let err = s.update_record_fields(REC, INV, AMOUNT + 1, 1, key(1), None).await.unwrap_err();
     assert_eq!(err, SimError::Conflict { expected: 1, actual: 2 });
@@ -1038,15 +1012,11 @@ async fn update_record_fields_hits_conflicts_and_missing_records() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delayed_repair_shows_the_partial_record_until_the_lag_ends() {
-    let p = FaultProfile { delayed_visibility: 0.5, partial_success: 0.5, ..FaultProfile::NONE }
-        .with_lag(2, Duration::from_millis(300));
-    let seed = seed_where(|s| {
-        let create = p.draw(s, Op::CreateRecord, 0);
-        let repair = p.draw(s, Op::UpdateRecordFields, 0);
-        create.partial && create.lag.is_none() && !repair.partial && repair.lag.is_some()
-    });
-    let lag = p.draw(seed, Op::UpdateRecordFields, 0).lag.unwrap();
-    let (s, o) = SimServer::new(SimConfig::new(seed, p));
+    // The creation is partial; the repair is full, and lags.
+    let repair = lagged(2, 300);
+    let lag = repair.lag.unwrap();
+    let (s, o) = server(FaultProfile::NONE);
+    o.script(Op::CreateRecord, 0, partial()).script(Op::UpdateRecordFields, 0, repair);
     s.create_record(REC, INV, AMOUNT, None, None).await.unwrap();
     let t0 = Instant::now();
     let r = s.update_record_fields(REC, INV, AMOUNT, 1, None, None).await.unwrap();
@@ -1071,13 +1041,10 @@ async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
     static SEND: ToolSpec = ToolSpec::new("send_welcome", SideEffect::High).with_verifier();
 
     let p = FaultLevel::High.profile();
-    let seed = seed_where(|s| {
-        p.draw(s, Op::CreateCustomer, 0) == Default::default()
-            && p.draw(s, Op::SendWelcome, 0).timeout == Some(Timeout::AfterApplying)
-            && p.draw(s, Op::SendWelcome, 1).timeout.is_none()
-    });
     for honour in [true, false] {
-        let (s, o, _) = with_customer(SimConfig::new(seed, p).with_honour_keys(honour)).await;
+        let (s, o, _) = with_customer(SimConfig::new(42, p).with_honour_keys(honour)).await;
+        o.script(Op::SendWelcome, 0, lost(Timeout::AfterApplying));
+        o.script(Op::SendWelcome, 1, FaultDraw::default());
         let cx = Context::new("agent").for_step("episode", 3);
         let result: ToolResult<(), SimError> = engine::call(
             &cx,

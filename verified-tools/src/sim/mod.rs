@@ -20,7 +20,8 @@
 //! - [`Oracle::truth`]: the true state and how often each effect was
 //!   applied, for the harness only ([`Oracle::final_truth`] once the late
 //!   arrivals have landed); [`Task::holds`] evaluates the postconditions of
-//!   section 4.3 on it.
+//!   section 4.3 on it. [`Oracle::script`] sets the faults of given calls,
+//!   for a test that means one fault rather than a seed that draws it.
 //! - [`stats`]: Wilson intervals and Cohen's h.
 //!
 //! Everything runs on tokio time, so a paused current-thread runtime runs an

@@ -271,6 +271,8 @@ struct State {
     calls: [u32; Op::ALL.len()],
     pending: Vec<Pending>,
     sent: u64,
+    /// The draws the harness set for given calls ([`Oracle::script`]).
+    script: Vec<(Op, u32, FaultDraw)>,
 }
 
 impl State {
@@ -393,6 +395,39 @@ impl Oracle {
     pub fn config(&self) -> &SimConfig {
         &self.0.config
     }
+
+    /// Scripts the faults of call `n` (0 for the first) of `op`: that call
+    /// meets `draw` instead of what the profile draws for it, so a test
+    /// says which fault it means rather than searching for a seed that
+    /// happens to draw it. Calls are counted per operation from the
+    /// server's start, as for [`FaultProfile::draw`] (a replayed key counts
+    /// too). The draw is taken as is, also where the profile would not
+    /// draw it (a late arrival past [`SimConfig::settle_bound`], a lag
+    /// without a bound). Scripting a call again replaces its draw.
+    ///
+    /// ```
+    /// use verified_tools::sim::{
+    ///     CustomerId, FaultDraw, FaultProfile, Op, SimConfig, SimError, SimServer, Timeout,
+    /// };
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let (server, oracle) = SimServer::new(SimConfig::new(42, FaultProfile::NONE));
+    /// // The first welcome is applied, then its answer is lost.
+    /// let lost = FaultDraw { timeout: Some(Timeout::AfterApplying), ..FaultDraw::default() };
+    /// oracle.script(Op::SendWelcome, 0, lost);
+    /// let c = server.create_customer(CustomerId(1), None, None).await.unwrap();
+    /// assert_eq!(server.send_welcome(c.id, None, None).await, Err(SimError::Timeout));
+    /// assert_eq!(oracle.truth().welcome_messages(c.id), 1);
+    /// // The second is not scripted: the profile's draw (none here).
+    /// assert!(server.send_welcome(c.id, None, None).await.is_ok());
+    /// # }
+    /// ```
+    pub fn script(&self, op: Op, n: u32, draw: FaultDraw) -> &Self {
+        let mut st = self.0.state(Instant::now());
+        st.script.retain(|(o, m, _)| (*o, *m) != (op, n));
+        st.script.push((op, n, draw));
+        self
+    }
 }
 
 impl SimServer {
@@ -485,7 +520,11 @@ impl SimServer {
         let mut st = self.state(now);
         let n = st.calls[op as usize];
         st.calls[op as usize] += 1;
-        let draw = cfg.profile.draw(cfg.seed, op, n);
+        let scripted = st.script.iter().find(|(o, m, _)| (*o, *m) == (op, n));
+        let draw = match scripted {
+            Some(&(.., draw)) => draw,
+            None => cfg.profile.draw(cfg.seed, op, n),
+        };
         let req = Request {
             op,
             target,
