@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use verified_tools_suite::ops::{self, Command, OpsError, Options, Store};
 
 #[cfg(feature = "redis")]
-#[path = "../verified-tools/tests/support/mod.rs"]
-mod support;
+use test_support as support;
 
 /// A fresh path in the temp directory; the file and its WAL are deleted when
 /// dropped.

@@ -12,8 +12,7 @@
 //! (replayed, not executed again), and repeat the call in doubt once its
 //! late arrival has landed (verified, not executed again).
 
-#[path = "../../verified-tools/tests/support/mod.rs"]
-mod support;
+use test_support as support;
 
 use std::path::PathBuf;
 use std::process::Command;

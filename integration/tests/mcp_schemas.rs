@@ -11,8 +11,7 @@
 //!   puts them, `mcp-inspector --cli --strict ... tools/list` against the
 //!   stdio server prints no portability warning.
 
-#[path = "../../verified-tools/tests/support/mod.rs"]
-mod support;
+use test_support as support;
 
 // The conformance suite's fixture: its tools take `serde_json::Value`s,
 // whose schema schemars writes as `true`.

@@ -11,8 +11,7 @@
 //! `vt_proc_<unix time>_<pid>_<test>`, dropped when the test ends (and by a
 //! later run, after an hour, if the test was killed).
 
-#[path = "../../verified-tools/tests/support/mod.rs"]
-mod support;
+use test_support as support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

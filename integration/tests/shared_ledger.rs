@@ -2,8 +2,7 @@
 //! `--ledger` option of `cargo run --release --example agent --features
 //! sqlite,redis`): a real SQLite file, and a real Redis server.
 
-#[path = "../../verified-tools/tests/support/mod.rs"]
-mod support;
+use test_support as support;
 
 use verified_tools::sim::FaultLevel;
 use verified_tools_suite::experiment::{self, Config, LedgerChoice, Method};

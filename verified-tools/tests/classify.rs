@@ -4,7 +4,7 @@
 //! port), and tokio-postgres against a real PostgreSQL (`VT_POSTGRES_URL`,
 //! from `.ci/postgres.sh`) made to fail in each way the table names.
 
-mod support;
+use test_support as support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

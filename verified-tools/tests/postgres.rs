@@ -16,7 +16,7 @@
 //! The server is `VT_POSTGRES_URL` (`.ci/postgres.sh` starts one); without
 //! it each test says so in one line and passes, under `CI=true` it fails.
 
-mod support;
+use test_support as support;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -7,7 +7,7 @@
 //! The server is `VT_POSTGRES_URL` (`.ci/postgres.sh` starts one); without
 //! it each test says so in one line and passes, under `CI=true` it fails.
 
-mod support;
+use test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

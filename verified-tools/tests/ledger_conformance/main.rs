@@ -1,8 +1,7 @@
 //! The ledger contract, checked against every backend: the same tests
 //! (`suite.rs`), instantiated per backend, each with its real store.
 
-#[path = "../support/mod.rs"]
-mod support;
+use test_support as support;
 
 mod suite;
 

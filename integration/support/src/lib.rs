@@ -4,9 +4,8 @@
 //! the test; on a newcomer's machine the test says in one line what is
 //! missing and how to get it, and passes without running.
 //!
-//! The tests of `integration/` include this file too (`#[path]`): that
-//! package is not published, so it may reach into this one's tests.
-#![allow(dead_code)]
+//! Every package's tests use it as a dev-dependency (`use test_support as
+//! support;`).
 
 use std::io::Write;
 use std::sync::Mutex;
