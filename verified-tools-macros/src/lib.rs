@@ -3,9 +3,9 @@
 //! documented with its examples (they need the runtime, which this crate
 //! cannot depend on).
 //!
-//! The crate is laid out like thiserror's: `parse.rs` reads the attribute
+//! The crate is laid out like thiserror's: `parse/` reads the attribute
 //! and the signature into typed nodes, `validate.rs` checks the rules,
-//! `expand.rs` generates the code, `fallback.rs` emits a stub next to the
+//! `expand/` generates the code, `fallback.rs` emits a stub next to the
 //! errors so one mistake gives one message.
 
 use proc_macro::TokenStream;
