@@ -1,25 +1,26 @@
 //! The in-memory ledger: sharded, bounded, in this process only.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod claim;
 mod operator;
+mod shard;
 mod tombs;
 
-use self::tombs::{Tomb, Tombs};
-use super::record::{self, ClaimStep, Found, FoundState};
+use self::shard::{Bounds, Entry, Padded, Shard, State, lock};
 
 use super::{
-    Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Replay, Resolution, Settle,
+    Claim, ClaimRequest, End, Fence, Ledger, LedgerFuture, Progress, RecordState, RecordView,
+    Replay, Resolution, Settle,
 };
+#[cfg(doc)]
+use super::{Claimed, LedgerError};
 use crate::deadline::later;
-use crate::{Clock, IdempotencyKey, PayloadDigest};
+use crate::{Clock, IdempotencyKey};
 
 const SHARDS: usize = 64;
 
@@ -164,82 +165,6 @@ pub struct MemoryLedger {
     /// Where its own reads of the time come from (`None`: tokio's); a claim
     /// brings the caller's.
     clock: Option<Arc<dyn Clock>>,
-}
-
-/// The per-shard bounds, resolved once per operation.
-#[derive(Debug, Clone, Copy)]
-struct Bounds {
-    records: usize,
-    doubt: usize,
-    tombs: usize,
-}
-
-/// One shard on its own cache line, so two workers locking neighbouring
-/// shards do not share one.
-#[repr(align(128))]
-struct Padded(Mutex<Shard>);
-
-#[derive(Default)]
-struct Shard {
-    map: HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>,
-    /// Finished (completed or settled) records, oldest first, with the
-    /// expiry they had when queued. An entry whose record has changed since
-    /// is stale and skipped.
-    finished: VecDeque<(Instant, u128)>,
-    /// Records in doubt, oldest first, with the stamp each got. An entry
-    /// whose record no longer has that stamp (it was resumed) is stale.
-    doubt: VecDeque<(u64, u128)>,
-    /// Entries of `map` in doubt: they count against the doubt bound, the
-    /// others against the record cap.
-    doubts: usize,
-    /// The last stamp given, in this shard.
-    stamps: u64,
-    tombs: Tombs,
-}
-
-struct Entry {
-    fingerprint: PayloadDigest,
-    state: State,
-    attempts: u32,
-    after_ok: bool,
-    /// When the last attempt settles (`None`: never).
-    settle_at: Option<Instant>,
-}
-
-enum State {
-    /// Held under this fence; the hold started at `since`.
-    Held {
-        fence: Fence,
-        since: Instant,
-    },
-    /// In doubt since the shard's stamp `stamp` (its doubt queue entry).
-    InDoubt {
-        stamp: u64,
-    },
-    Settled {
-        expires: Instant,
-    },
-    Done {
-        value: Replay,
-        expires: Instant,
-    },
-}
-
-impl Entry {
-    fn expires(&self) -> Option<Instant> {
-        match self.state {
-            State::Settled { expires } | State::Done { expires, .. } => Some(expires),
-            State::Held { .. } | State::InDoubt { .. } => None,
-        }
-    }
-
-    fn progress(&self, now: Instant) -> Progress {
-        let settle = match self.settle_at {
-            Some(at) => Settle::After(at.saturating_duration_since(now)),
-            None => Settle::Never,
-        };
-        Progress { attempts: self.attempts, after_ok: self.after_ok, settle }
-    }
 }
 
 impl Default for MemoryLedger {
@@ -419,220 +344,6 @@ impl MemoryLedger {
     fn fence(&self) -> Fence {
         Fence(self.fences.fetch_add(1, Ordering::Relaxed) + 1)
     }
-
-    fn claim_now(&self, request: ClaimRequest, now: Instant) -> Result<Claim, LedgerError> {
-        if let Some((previous, fingerprint)) = request.previous {
-            let mut shard = self.shard(previous);
-            shard.drop_expired(now);
-            let p = previous.as_u128();
-            let recorded = match shard.map.get(&p) {
-                Some(entry) => entry.fingerprint == fingerprint,
-                // A record the bounds compacted answers for its key as well.
-                None => {
-                    shard.tombs.get(p as u64).is_some_and(|t| t.fingerprint == low(fingerprint))
-                }
-            };
-            if recorded {
-                let state = self.take(&mut shard, previous, fingerprint, request.first, now)?;
-                return Ok(Claim { key: previous, state });
-            }
-        }
-        let mut shard = self.shard(request.key);
-        shard.drop_expired(now);
-        let state = self.take(&mut shard, request.key, request.fingerprint, request.first, now)?;
-        Ok(Claim { key: request.key, state })
-    }
-
-    /// The claim of one key in its (locked) shard.
-    fn take(
-        &self,
-        shard: &mut Shard,
-        key: IdempotencyKey,
-        fingerprint: PayloadDigest,
-        first: Progress,
-        now: Instant,
-    ) -> Result<Claimed, LedgerError> {
-        let k = key.as_u128();
-        let entry = shard.map.get_mut(&k);
-        let found = entry
-            .as_deref()
-            .map(|e| Found { fingerprint: e.fingerprint, state: self.found_state(&e.state, now) });
-        match (record::claim_step(found, fingerprint), entry) {
-            (ClaimStep::Mismatch, _) => Ok(Claimed::Mismatch),
-            (ClaimStep::Wait(left), _) => Ok(Claimed::InFlight(left)),
-            (ClaimStep::Replay, Some(Entry { state: State::Done { value, .. }, .. })) => {
-                Ok(Claimed::Completed(share(value)))
-            }
-            (ClaimStep::TakeOver, Some(entry)) => {
-                let was_in_doubt = matches!(entry.state, State::InDoubt { .. });
-                let fence = self.fence();
-                entry.state = State::Held { fence, since: now };
-                let progress = entry.progress(now);
-                if was_in_doubt {
-                    // Held, it counts against the record cap again.
-                    shard.doubts -= 1;
-                    shard.make_room(0, self.bounds());
-                }
-                Ok(Claimed::Resume(fence, progress))
-            }
-            (ClaimStep::Create, _) => {
-                let bounds = self.bounds();
-                // One lookup decides whether the key is new or was pushed out.
-                if let Some(tomb) = shard.tombs.get(k as u64) {
-                    return Ok(self.exhume(shard, k, fingerprint, tomb, now, bounds));
-                }
-                if !shard.make_room(1, bounds) {
-                    return Err(LedgerError::Full(self.capacity()));
-                }
-                let fence = self.fence();
-                let settle_at = settle_at(now, first.settle);
-                let state = State::Held { fence, since: now };
-                let (attempts, after_ok) = (first.attempts, first.after_ok);
-                shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at });
-                Ok(Claimed::Fresh(fence))
-            }
-            // A step that does not fit the entry (`found` describes it, so
-            // never): refused, and nothing overwritten.
-            (ClaimStep::Replay | ClaimStep::TakeOver, _) => Err(LedgerError::Corrupt(
-                super::StoreError::new("memory: a record and its state disagree"),
-            )),
-        }
-    }
-
-    /// A record's state as the contract's claim rules read it.
-    fn found_state(&self, state: &State, now: Instant) -> FoundState {
-        match state {
-            State::Held { since, .. } => FoundState::Held {
-                lease_left: later(*since, self.lease).saturating_duration_since(now),
-            },
-            State::InDoubt { .. } => FoundState::InDoubt,
-            State::Settled { .. } => FoundState::Settled,
-            State::Done { .. } => FoundState::Completed,
-        }
-    }
-
-    /// The claim of a key found only as a tombstone.
-    fn exhume(
-        &self,
-        shard: &mut Shard,
-        k: u128,
-        fingerprint: PayloadDigest,
-        tomb: Tomb,
-        now: Instant,
-        bounds: Bounds,
-    ) -> Claimed {
-        if tomb.fingerprint != low(fingerprint) {
-            return Claimed::Mismatch;
-        }
-        if tomb.stamp == COMPLETED {
-            return Claimed::Completed(Replay::Unrecorded);
-        }
-        shard.tombs.exhume(k as u64);
-        let fence = self.fence();
-        let state = State::Held { fence, since: now };
-        let Progress { attempts, after_ok, .. } = COMPACTED_DOUBT;
-        shard.map.insert(k, Entry { fingerprint, state, attempts, after_ok, settle_at: None });
-        // A shard all held takes it over its cap rather than refuse a call
-        // known in doubt: held records are bounded by the calls in flight.
-        shard.make_room(0, bounds);
-        Claimed::Resume(fence, COMPACTED_DOUBT)
-    }
-}
-
-impl Shard {
-    /// Drops the expired records and tombstones at the front of their
-    /// queues.
-    #[inline]
-    fn drop_expired(&mut self, now: Instant) {
-        while let Some(&(expires, key)) = self.finished.front() {
-            if expires > now {
-                break;
-            }
-            self.finished.pop_front();
-            if self.map.get(&key).and_then(Entry::expires) == Some(expires) {
-                self.map.remove(&key);
-            }
-        }
-        self.tombs.drop_expired(now);
-    }
-
-    /// Held and finished records: those the record cap counts.
-    fn live(&self) -> usize {
-        self.map.len() - self.doubts
-    }
-
-    /// Evicts the oldest finished records until `incoming` more fit under
-    /// the cap; `false` if the rest are held.
-    fn make_room(&mut self, incoming: usize, bounds: Bounds) -> bool {
-        while self.live() + incoming > bounds.records {
-            if !self.evict_one(bounds) {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Evicts the oldest finished record, a completed one into a tombstone;
-    /// `false` if there is none.
-    fn evict_one(&mut self, bounds: Bounds) -> bool {
-        while let Some((expires, key)) = self.finished.pop_front() {
-            if self.map.get(&key).and_then(Entry::expires) != Some(expires) {
-                continue;
-            }
-            if let Some(Entry { state: State::Done { .. }, fingerprint, .. }) =
-                self.map.remove(&key)
-            {
-                self.tombs.bury_completed(key as u64, low(fingerprint), expires, bounds.tombs);
-            }
-            return true;
-        }
-        false
-    }
-
-    /// The held record of `key` is now in doubt; past the doubt bound, the
-    /// oldest in doubt is compacted.
-    fn doubt(&mut self, key: u128, bounds: Bounds) {
-        self.stamps += 1;
-        let stamp = self.stamps;
-        let Some(entry) = self.map.get_mut(&key) else { return };
-        entry.state = State::InDoubt { stamp };
-        self.doubts += 1;
-        self.doubt.push_back((stamp, key));
-        if self.doubt.len() > 2 * self.doubts + STALE_SLACK {
-            self.doubt.retain(|&(stamp, key)| in_doubt(self.map.get(&key), stamp));
-        }
-        if self.doubts > bounds.doubt {
-            self.compact_oldest_doubt(bounds);
-        }
-    }
-
-    /// Compacts the oldest record in doubt into a tombstone.
-    fn compact_oldest_doubt(&mut self, bounds: Bounds) {
-        while let Some((stamp, key)) = self.doubt.pop_front() {
-            if !in_doubt(self.map.get(&key), stamp) {
-                continue;
-            }
-            if let Some(entry) = self.map.remove(&key) {
-                self.doubts -= 1;
-                self.tombs.bury_in_doubt(key as u64, low(entry.fingerprint), stamp, bounds.tombs);
-            }
-            return;
-        }
-    }
-
-    /// The entry of `key` if `fence` holds it.
-    fn held(&mut self, key: IdempotencyKey, fence: Fence) -> Result<&mut Entry, LedgerError> {
-        match self.map.get_mut(&key.as_u128()) {
-            Some(entry) if matches!(entry.state, State::Held { fence: f, .. } if f == fence) => {
-                Ok(entry)
-            }
-            _ => Err(LedgerError::Fenced(fence)),
-        }
-    }
-}
-
-fn in_doubt(entry: Option<&Entry>, stamp: u64) -> bool {
-    matches!(entry, Some(Entry { state: State::InDoubt { stamp: s }, .. }) if *s == stamp)
 }
 
 impl Ledger for MemoryLedger {
@@ -727,57 +438,10 @@ impl Ledger for MemoryLedger {
     }
 }
 
-fn share(value: &Replay) -> Replay {
-    match value {
-        Replay::Local(value) => Replay::Local(Arc::clone(value)),
-        Replay::Encoded(bytes) => Replay::Encoded(bytes.clone()),
-        Replay::Unrecorded => Replay::Unrecorded,
-    }
-}
-
 fn settle_at(now: Instant, settle: Settle) -> Option<Instant> {
     match settle {
         Settle::After(d) => Some(later(now, d)),
         Settle::Never => None,
-    }
-}
-
-/// What a tombstone keeps of a fingerprint.
-fn low(fingerprint: PayloadDigest) -> u64 {
-    fingerprint.as_u128() as u64
-}
-
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // Every update leaves the shard consistent at each step a panic could
-    // interrupt (an insert, a removal, an assignment, a count after it).
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Keys are already uniform 128-bit hashes: hashing them again (SipHash)
-/// was most of the ledger's cost per call. Their low 64 bits are the hash.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached for input other than u128 and u64, which these maps
-        // never hash; fold it in anyway rather than ignore it.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, key: u128) {
-        self.0 = key as u64;
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        // A tombstone's key: the low 64 bits of a key.
-        self.0 = key;
     }
 }
 

@@ -1,6 +1,15 @@
 //! The memory ledger's own invariants, step by step.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::shard::{Bounds, Entry, Shard, State};
+use super::tombs::Tomb;
+use super::{COMPACTED_DOUBT, COMPLETED, MemoryLedger, SHARDS, STALE_SLACK};
+use crate::ledger::{ClaimRequest, Claimed, End, Fence, Ledger, Progress, Replay, Settle};
+use crate::{IdempotencyKey, PayloadDigest};
 
 /// Key `n` of shard 7 (the shard is picked by the high 64 bits).
 fn key(n: u64) -> IdempotencyKey {

@@ -6,7 +6,9 @@ use std::hash::BuildHasherDefault;
 
 use tokio::time::Instant;
 
-use super::{COMPLETED, KeyHasher, STALE_SLACK};
+use super::shard::KeyHasher;
+use super::{COMPLETED, STALE_SLACK};
+use crate::PayloadDigest;
 
 /// Records the bounds pushed out, compacted to what a repeat must know.
 #[derive(Default)]
@@ -23,6 +25,11 @@ pub(super) struct Tombs {
     pub(super) doubts: usize,
     /// In-doubt tombstones dropped at the hard bound.
     pub(super) forgotten: u64,
+}
+
+/// What a tombstone keeps of a fingerprint.
+pub(super) fn low(fingerprint: PayloadDigest) -> u64 {
+    fingerprint.as_u128() as u64
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -1,14 +1,20 @@
 //! The SQLite ledger (feature `sqlite`): the embedded, durable ledger of one
 //! host. How to use it and what it guarantees is on [`SqliteLedger`]; the
-//! file's schema and its transactions are in `sql.rs`. This file is the
-//! handle: its connection, the blocking pool it runs on, and the claim that
-//! a dropped caller rolls back or abandons.
+//! file's schema and how it is opened are in `schema.rs`, its transactions
+//! in `sql.rs`, a record's row in `row.rs`, and how a failure is told in
+//! `failure.rs`. This file is the handle: its connection, the blocking pool
+//! it runs on, and the claim that a dropped caller rolls back or abandons.
 
+mod failure;
+mod row;
+mod schema;
 mod sql;
 
+use self::failure::{Failure, is_busy};
+use self::row::now_ms;
+use self::schema::{DEFAULT_BUSY_TIMEOUT, connect};
 use self::sql::{
-    DEFAULT_BUSY_TIMEOUT, Ending, Failure, PURGE_EVERY, abandon, claim, connect, dispatching,
-    finish, hold, is_busy, now_ms, purge, record, resolve, scan,
+    Ending, PURGE_EVERY, abandon, claim, dispatching, finish, hold, purge, record, resolve, scan,
 };
 
 use std::fmt;
@@ -22,7 +28,7 @@ use tokio::runtime::Handle;
 
 use super::{
     Claim, ClaimRequest, Claimed, End, Fence, Ledger, LedgerError, LedgerFuture, Progress,
-    RecordState, RecordView, Recorded, Replay, Resolution, Settle, StoreError,
+    RecordState, RecordView, Recorded, Replay, Resolution, StoreError,
 };
 use crate::IdempotencyKey;
 

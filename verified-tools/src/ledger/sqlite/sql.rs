@@ -1,40 +1,9 @@
-//! The SQL of the SQLite ledger: the file's schema and one function per
-//! operation, each a `BEGIN IMMEDIATE` transaction. These notes are for its
-//! maintainers; how to use the ledger is on [`SqliteLedger`](super::SqliteLedger).
-//!
-//! # The file
-//!
-//! One table of records and one row of meta data, tagged with
-//! `PRAGMA application_id` (so that another application's database is
-//! refused, not written into) and versioned with `PRAGMA user_version`
-//! ([`SCHEMA_VERSION`]). [`SqliteLedger::open`](super::SqliteLedger::open) creates the schema in an
-//! empty file and refuses a version it does not know.
-//!
-//! | column | meaning |
-//! |---|---|
-//! | `key` | the idempotency key, 16 bytes big-endian (the primary key: `WITHOUT ROWID`) |
-//! | `fingerprint` | the payload digest, 16 bytes big-endian |
-//! | `state` | `held`, `in_doubt`, `settled`, `completed` |
-//! | `fence` | the fence of the last claim (the holder's while `held`) |
-//! | `lease_end_ms` | when the hold ends (`held` only) |
-//! | `attempts`, `after_ok` | [`Progress`], written through before every attempt |
-//! | `settle_at_ms` | when the last attempt settles; `NULL`: never |
-//! | `value` | a completed call's value ([`Recorded::encode`](crate::ledger::Recorded::encode)); `NULL`: unrecorded |
-//! | `expires_at_ms` | when a `completed` or `settled` record expires; `NULL` otherwise |
-//!
-//! `CHECK` constraints tie the columns to the state, so a bug that would
-//! write an inconsistent record fails its transaction instead.
-//!
-//! No index serves the operator's listing of records in doubt
-//! ([`scan`]): to find the holds past their lease (the calls of a process
-//! that crashed), an index would have to hold every held record, and each
-//! claim would add an entry and each finish remove it. Measured with
-//! `benches/sqlite_ledger.rs` (`synchronous = NORMAL`, four alternating runs
-//! on a loaded 2-core machine), that took the ledger from 0.62 to 0.52 of
-//! its floor: every call would pay for a command an operator runs now and
-//! then. The listing walks the table by key instead, a chunk at a time.
-//! Finished records expire after the TTL, so the table holds about a TTL's
-//! worth of calls.
+//! The SQL of the SQLite ledger: one function per operation, each a
+//! `BEGIN IMMEDIATE` transaction. These notes are for its maintainers; how
+//! to use the ledger is on [`SqliteLedger`](super::SqliteLedger). The
+//! file's schema, and how a connection is opened on it, are in `schema.rs`;
+//! how a record's row is read and its columns written, in `row.rs`; how a
+//! failure is told, in `failure.rs`.
 //!
 //! # Operations
 //!
@@ -51,28 +20,23 @@
 //! boundary, instants stay in the file. Durations going in are rounded so
 //! that a settle time is never early.
 
-use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::failure::{Failure, corrupt};
+use super::row::{
+    Record, State, duration, fence_value, key_bytes, later, now_ms, progress_at, read, seen,
+    settle_at,
+};
 use super::{
     Claim, ClaimRequest, Claimed, Fence, LedgerError, Progress, RecordState, RecordView, Replay,
-    Resolution, Settle, StoreError,
+    Resolution,
 };
 use super::{Undo, Waiter, lock};
-use crate::ledger::record::{ClaimStep, Found, FoundState, claim_step};
+use crate::ledger::record::{ClaimStep, Found, claim_step};
 use crate::{IdempotencyKey, PayloadDigest};
-
-/// The version of the schema this build writes and reads.
-pub(super) const SCHEMA_VERSION: i64 = 1;
-
-/// `PRAGMA application_id` of a ledger file: "vtlg".
-pub(super) const APPLICATION_ID: i64 = 0x7674_6c67;
-
-/// How long an operation waits for another connection's write lock.
-pub(super) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Every this many finishes, a handle deletes expired records...
 pub(super) const PURGE_EVERY: u32 = 32;
@@ -80,277 +44,8 @@ pub(super) const PURGE_EVERY: u32 = 32;
 /// ...at most this many (twice what the finishes in between can create).
 pub(super) const PURGE_BATCH: i64 = 64;
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE meta (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    fence INTEGER NOT NULL
-) STRICT;
-INSERT INTO meta (id, fence) VALUES (1, 0);
-CREATE TABLE records (
-    key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 16),
-    fingerprint BLOB NOT NULL CHECK (length(fingerprint) = 16),
-    state TEXT NOT NULL CHECK (state IN ('held', 'in_doubt', 'settled', 'completed')),
-    fence INTEGER NOT NULL,
-    lease_end_ms INTEGER CHECK ((state = 'held') = (lease_end_ms IS NOT NULL)),
-    attempts INTEGER NOT NULL CHECK (attempts >= 0),
-    after_ok INTEGER NOT NULL CHECK (after_ok IN (0, 1)),
-    settle_at_ms INTEGER,
-    value BLOB CHECK (value IS NULL OR state = 'completed'),
-    expires_at_ms INTEGER
-        CHECK ((state IN ('completed', 'settled')) = (expires_at_ms IS NOT NULL))
-) STRICT, WITHOUT ROWID;
-CREATE INDEX records_expiry ON records (expires_at_ms) WHERE expires_at_ms IS NOT NULL;
-";
-
 /// Records read per statement by the operator's listing ([`scan`]).
 pub(super) const SCAN_CHUNK: usize = 512;
-
-/// Opens the connection and makes sure the file holds a ledger.
-///
-/// Several processes opening a new file at once race to switch it to WAL
-/// and to create the schema; SQLite answers some of those races with
-/// "database is locked" at once, without its busy handler. Such an open is
-/// tried again, within the busy timeout.
-pub(super) fn connect(path: &Path) -> Result<Connection, Failure> {
-    let started = std::time::Instant::now();
-    loop {
-        match connect_once(path) {
-            Err(Failure::Sql(e)) if is_busy(&e) && started.elapsed() < DEFAULT_BUSY_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            other => return other,
-        }
-    }
-}
-
-pub(super) fn is_busy(error: &rusqlite::Error) -> bool {
-    matches!(
-        error.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-    )
-}
-
-pub(super) fn connect_once(path: &Path) -> Result<Connection, Failure> {
-    let mut conn = Connection::open(path)?;
-    conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
-    // Persistent in the file: every connection is in WAL mode after this.
-    // Reading the mode takes no lock; switching it does, so switch only once.
-    let current: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0))?;
-    let mode = if current.eq_ignore_ascii_case("wal") {
-        current
-    } else {
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?
-    };
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Failure::Ledger(LedgerError::Unavailable(
-            format!("the file cannot be put in WAL mode (journal mode {mode})").into(),
-        )));
-    }
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let application: i64 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
-    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    match (application, version) {
-        (0, 0) => {
-            let tables: i64 =
-                tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
-            if tables > 0 {
-                return Err(unusable("it is another application's database"));
-            }
-            tx.execute_batch(SCHEMA)?;
-            tx.pragma_update(None, "application_id", APPLICATION_ID)?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        }
-        (APPLICATION_ID, SCHEMA_VERSION) => {}
-        (APPLICATION_ID, version) => {
-            return Err(unusable(&format!(
-                "its schema is version {version}, this build knows version {SCHEMA_VERSION}"
-            )));
-        }
-        _ => return Err(unusable("it is another application's database")),
-    }
-    tx.commit()?;
-    Ok(conn)
-}
-
-pub(super) fn unusable(why: &str) -> Failure {
-    Failure::Ledger(LedgerError::Unavailable(
-        format!("not a usable verified-tools ledger: {why}").into(),
-    ))
-}
-
-/// Why an operation failed, before the file's path is added.
-pub(super) enum Failure {
-    Sql(rusqlite::Error),
-    Ledger(LedgerError),
-}
-
-impl From<rusqlite::Error> for Failure {
-    fn from(error: rusqlite::Error) -> Self {
-        Failure::Sql(error)
-    }
-}
-
-impl Failure {
-    /// The [`LedgerError`], its message preceded by the file's path; an
-    /// SQLite error is kept as its source.
-    pub(super) fn at(self, path: &Path) -> LedgerError {
-        let path = path.display();
-        match self {
-            Failure::Ledger(LedgerError::Unavailable(why)) => {
-                LedgerError::Unavailable(why.prefixed(path))
-            }
-            Failure::Ledger(LedgerError::Corrupt(why)) => LedgerError::Corrupt(why.prefixed(path)),
-            Failure::Ledger(other) => other,
-            Failure::Sql(error) => {
-                let corrupt = match &error {
-                    rusqlite::Error::SqliteFailure(e, _) => {
-                        matches!(e.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase)
-                    }
-                    rusqlite::Error::FromSqlConversionFailure(..)
-                    | rusqlite::Error::IntegralValueOutOfRange(..)
-                    | rusqlite::Error::InvalidColumnType(..) => true,
-                    _ => false,
-                };
-                let kept = StoreError::with_source(format!("{path}: {error}"), error);
-                if corrupt { LedgerError::Corrupt(kept) } else { LedgerError::Unavailable(kept) }
-            }
-        }
-    }
-}
-
-pub(super) fn corrupt(why: &str) -> Failure {
-    Failure::Ledger(LedgerError::Corrupt(why.into()))
-}
-
-// ---------------------------------------------------------------- records
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
-    Held,
-    InDoubt,
-    Settled,
-    Completed,
-}
-
-impl State {
-    fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "held" => State::Held,
-            "in_doubt" => State::InDoubt,
-            "settled" => State::Settled,
-            "completed" => State::Completed,
-            _ => return None,
-        })
-    }
-}
-
-/// A record as a claim reads it.
-pub(super) struct Record {
-    fingerprint: PayloadDigest,
-    state: State,
-    lease_end: Option<i64>,
-    attempts: u32,
-    after_ok: bool,
-    settle_at: Option<i64>,
-    value: Option<Vec<u8>>,
-    expires_at: Option<i64>,
-}
-
-impl Record {
-    /// The record as an operator sees it.
-    fn view(&self, key: IdempotencyKey, now: i64) -> RecordView {
-        let state = seen(self.state, self.lease_end, now);
-        RecordView { key, state, progress: self.progress(now) }
-    }
-
-    /// The record as the contract's claim rules read it at `now`.
-    fn found(&self, now: i64) -> FoundState {
-        match self.state {
-            State::Held => FoundState::Held {
-                lease_left: duration(self.lease_end.unwrap_or(now).saturating_sub(now)),
-            },
-            State::InDoubt => FoundState::InDoubt,
-            State::Settled => FoundState::Settled,
-            State::Completed => FoundState::Completed,
-        }
-    }
-
-    fn progress(&self, now: i64) -> Progress {
-        progress_at(self.attempts, self.after_ok, self.settle_at, now)
-    }
-}
-
-/// A state as an operator sees it: a hold past its lease is in doubt (the
-/// next claim takes it over to verify first, as it does a record in doubt).
-fn seen(state: State, lease_end: Option<i64>, now: i64) -> RecordState {
-    match state {
-        State::Held if lease_end.is_some_and(|end| now < end) => RecordState::Held,
-        State::Held | State::InDoubt => RecordState::InDoubt,
-        State::Settled => RecordState::Settled,
-        State::Completed => RecordState::Completed,
-    }
-}
-
-fn progress_at(attempts: u32, after_ok: bool, settle_at: Option<i64>, now: i64) -> Progress {
-    let settle = match settle_at {
-        Some(at) => Settle::After(duration(at.saturating_sub(now))),
-        None => Settle::Never,
-    };
-    Progress { attempts, after_ok, settle }
-}
-
-pub(super) fn key_bytes(key: IdempotencyKey) -> [u8; 16] {
-    key.as_u128().to_be_bytes()
-}
-
-pub(super) fn digest(bytes: &[u8]) -> Result<PayloadDigest, Failure> {
-    let bytes: [u8; 16] = bytes.try_into().map_err(|_| corrupt("a fingerprint is not 16 bytes"))?;
-    Ok(PayloadDigest::from_u128(u128::from_be_bytes(bytes)))
-}
-
-/// The live record of `key`: an expired one is absent.
-pub(super) fn read(
-    conn: &Connection,
-    key: IdempotencyKey,
-    now: i64,
-) -> Result<Option<Record>, Failure> {
-    let mut statement = conn.prepare_cached(
-        "SELECT fingerprint, state, lease_end_ms, attempts, after_ok, settle_at_ms, value,
-                expires_at_ms
-         FROM records WHERE key = ?1",
-    )?;
-    let row = statement
-        .query_row([key_bytes(key)], |r| {
-            Ok((
-                r.get::<_, Vec<u8>>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<i64>>(2)?,
-                r.get::<_, u32>(3)?,
-                r.get::<_, bool>(4)?,
-                r.get::<_, Option<i64>>(5)?,
-                r.get::<_, Option<Vec<u8>>>(6)?,
-                r.get::<_, Option<i64>>(7)?,
-            ))
-        })
-        .optional()?;
-    let Some((fingerprint, state, lease_end, attempts, after_ok, settle_at, value, expires_at)) =
-        row
-    else {
-        return Ok(None);
-    };
-    let record = Record {
-        fingerprint: digest(&fingerprint)?,
-        state: State::parse(&state).ok_or_else(|| corrupt("a record has an unknown state"))?,
-        lease_end,
-        attempts,
-        after_ok,
-        settle_at,
-        value,
-        expires_at,
-    };
-    Ok(record.expires_at.is_none_or(|at| at > now).then_some(record))
-}
 
 /// The next fence of the file.
 pub(super) fn next_fence(conn: &Connection) -> Result<Fence, Failure> {
@@ -743,38 +438,4 @@ pub(super) fn resolve(
     };
     tx.commit()?;
     Ok(Some(before))
-}
-
-// ---------------------------------------------------------------- time
-
-/// Now, on the host's wall clock: milliseconds since the Unix epoch.
-pub(super) fn now_ms() -> i64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// `now` plus `d`, rounded down to the millisecond (a lease or TTL a little
-/// short rather than long), saturating.
-pub(super) fn later(now: i64, d: Duration) -> i64 {
-    now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// When an attempt settles: `now` plus `d` rounded up (never early).
-pub(super) fn settle_at(now: i64, settle: Settle) -> Option<i64> {
-    match settle {
-        Settle::After(d) => {
-            let ms = d.as_nanos().div_ceil(1_000_000);
-            Some(now.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
-        }
-        Settle::Never => None,
-    }
-}
-
-pub(super) fn duration(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-pub(super) fn fence_value(fence: Fence) -> i64 {
-    // Fences come from an i64 counter: they always fit.
-    i64::try_from(fence.0).unwrap_or(i64::MAX)
 }
