@@ -466,6 +466,24 @@ async fn an_operator_lists_shows_and_resolves_what_is_in_doubt_and_nothing_else(
     assert_eq!(ledger.resolve(key(3), Resolution::Applied).await.unwrap(), None);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_resolution_keeps_its_shard_within_the_record_cap() {
+    use verified_tools::ledger::Resolution;
+    // One record per shard. A record in doubt does not count against the
+    // cap, so a finished one fits beside it; once resolved, it counts.
+    let ledger = MemoryLedger::new().with_capacity(64);
+    in_doubt(&ledger, same_shard(1)).await;
+    complete(&ledger, same_shard(0)).await;
+    assert_eq!((ledger.len(), ledger.tombstones()), (2, 0), "{ledger:?}");
+    ledger.resolve(same_shard(1), Resolution::Applied).await.unwrap();
+    // The oldest finished record made room, as a tombstone: both calls
+    // are still known complete.
+    assert_eq!((ledger.len(), ledger.tombstones()), (1, 1), "{ledger:?}");
+    for n in 0..2 {
+        assert!(is_unrecorded(&state(&ledger, same_shard(n), fp(1)).await), "{n}");
+    }
+}
+
 static SEND_ASKING: ToolSpec =
     ToolSpec::new("send", SideEffect::High).with_verifier().with_holder();
 static SEND_ASKING_BELIEVED: ToolSpec = SEND_ASKING.with_verify_response(false);

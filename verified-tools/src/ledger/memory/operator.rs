@@ -104,6 +104,9 @@ impl MemoryLedger {
             shard.doubts -= 1;
         }
         shard.finished.push_back((expires, k));
+        // Out of doubt, the record counts against the cap again: the oldest
+        // finished records make room, as after a `finish`.
+        shard.make_room(0, bounds);
         Some(found)
     }
 }
