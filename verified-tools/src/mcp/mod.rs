@@ -68,7 +68,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ExperimentalCapabilities,
@@ -76,16 +76,12 @@ use rmcp::model::{
     PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::StreamableHttpService;
-use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 
-use crate::KeyScope;
+use crate::toolset::{CHECK_TOOL, ToolSet};
 #[cfg(doc)]
-use crate::toolset::mcp_annotations;
-use crate::toolset::{CHECK_TOOL, ToolOutcome, ToolSet};
+use crate::toolset::{ToolOutcome, mcp_annotations};
 
 pub use http::{Authenticate, BearerToken, HttpLimits, Principal};
 pub use rmcp;
@@ -93,15 +89,11 @@ pub use wire::{
     DEFAULT_MAX_MESSAGE_BYTES, HttpResponse, HttpService, IDEMPOTENCY_KEY_META, serve_lines,
 };
 
+mod call;
 mod http;
 mod long_call;
+mod serve;
 mod wire;
-
-use long_call::LongCall;
-
-/// What a call the client cancelled ends with (rmcp sends it nowhere).
-const CANCELLED: &str = "the client cancelled this call: nothing more was sent under its key, \
-     and a repeat of it checks first";
 
 /// The `_meta` key of a `tools/call` request that carries the client's id
 /// of the tool call: the identity of the logical call (its key scope).
@@ -346,192 +338,10 @@ impl<S: Send + Sync + 'static> McpServer<S> {
     ) -> Result<CallToolResult, ErrorData> {
         self.call_as(request, meta, &self.principal, None).await
     }
-
-    /// The principal of a request: the one its bearer token named (HTTP
-    /// with an [`Authenticate`]), else the server's. A session serves the
-    /// principal that opened it alone.
-    fn principal_of(&self, context: &RequestContext<RoleServer>) -> Result<Arc<str>, ErrorData> {
-        let parts = context.extensions.get::<hyper::http::request::Parts>();
-        let Some(principal) = parts.and_then(|p| p.extensions.get::<Principal>()) else {
-            return Ok(Arc::clone(&self.principal));
-        };
-        let bound = self.bound.get_or_init(|| principal.clone());
-        if bound != principal {
-            return Err(ErrorData::invalid_request(
-                "this session was opened by another principal: open a session of your own",
-                None,
-            ));
-        }
-        Ok(Arc::clone(principal.name()))
-    }
-
-    async fn call_as(
-        &self,
-        request: CallToolRequestParams,
-        meta: &RequestMetaObject,
-        principal: &str,
-        live: Option<&RequestContext<RoleServer>>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let name = request.name.as_ref();
-        if !self.set.lists(name) {
-            let outcome = ToolOutcome::no_such_tool(name, self.set.names());
-            let message = format!(
-                "{}. {}",
-                outcome.error.as_deref().unwrap_or_default(),
-                outcome.instruction.as_deref().unwrap_or_default()
-            );
-            return Err(ErrorData::invalid_params(message, Some(to_json(&outcome))));
-        }
-        let window = self.set.get(name).and_then(|t| t.spec().bucket);
-        let scope = scope(
-            meta_str(meta, IDEMPOTENCY_KEY_META),
-            meta_str(meta, TOOL_CALL_ID_META),
-            principal,
-            &self.session,
-            window.unwrap_or(DEFAULT_WINDOW),
-        );
-        let arguments = Value::Object(request.arguments.unwrap_or_default());
-        let cx = self.set.context().clone().with_scope(scope);
-        let outcome = match live {
-            None => self.set.call_in(&cx, name, &arguments).await,
-            Some(context) => {
-                let spec = self.set.get(name).map(|t| t.spec());
-                let (cx, call) = LongCall::watch(cx, spec, context);
-                match call.drive(self.set.call_in(&cx, name, &arguments)).await {
-                    Some(outcome) => outcome,
-                    // rmcp sends no answer to a cancelled request.
-                    None => return Err(ErrorData::internal_error(CANCELLED, None)),
-                }
-            }
-        };
-        let structured = to_json(&outcome);
-        Ok(if outcome.is_success() {
-            CallToolResult::structured(structured)
-        } else {
-            CallToolResult::structured_error(structured)
-        })
-    }
-
-    /// Serves one client over this process's stdin and stdout, until the
-    /// client closes them.
-    ///
-    /// # Errors
-    ///
-    /// When the MCP handshake fails, or the serving task panics.
-    pub async fn serve_stdio(self) -> std::io::Result<()> {
-        // Through the wire layer: every line gets an answer, and a
-        // SEP-3182 `idempotencyKey` reaches the handler.
-        let (input, output) = (tokio::io::stdin(), tokio::io::stdout());
-        serve_lines(self, input, output, DEFAULT_MAX_MESSAGE_BYTES).await.map(drop)
-    }
-
-    /// The streamable HTTP endpoint as a tower service (one session per
-    /// client, kept in memory), to mount under a path of an axum or hyper
-    /// server: rmcp's service behind the wire layer ([`HttpService`]: every
-    /// POST answered, SEP-3182 keys delivered), with this server's
-    /// authentication, body timeout and cap on concurrent requests. Accepts
-    /// the `Host`s of [`with_allowed_hosts`](Self::with_allowed_hosts)
-    /// (loopback names by default) and the `Origin`s of
-    /// [`with_allowed_origins`](Self::with_allowed_origins)
-    /// ([`DEFAULT_ALLOWED_ORIGINS`]), `403` otherwise. The header and idle
-    /// timeouts and the connection caps are the accept loop's: mounted in
-    /// another server, set them there.
-    pub fn http_service(self) -> HttpService<Self, LocalSessionManager> {
-        // rmcp asks the factory once per session (at `initialize`): each
-        // HTTP session gets a session identity of its own.
-        let server = self.clone();
-        self.http_service_of(move || server.new_session())
-    }
-
-    /// [`http_service`](Self::http_service) for another handler (one that
-    /// wraps this server, adding what a tool set does not do), made by
-    /// `factory` once per session, under this server's HTTP settings:
-    /// origins, hosts, authentication, limits.
-    pub fn http_service_of<H, F>(&self, factory: F) -> HttpService<H, LocalSessionManager>
-    where
-        H: ServerHandler + Send + 'static,
-        F: Fn() -> H + Send + Sync + 'static,
-    {
-        let http = self.http.clone();
-        let mut config = StreamableHttpServerConfig::default()
-            .with_allowed_origins(http.allowed_origins.iter().cloned())
-            // An empty list means "no browser origin", not "no check".
-            .enforce_origin_validation();
-        if let Some(hosts) = &http.allowed_hosts {
-            config = config.with_allowed_hosts(hosts.iter().cloned());
-        }
-        let service = HttpService::new(StreamableHttpService::new(
-            move || Ok(factory()),
-            Arc::new(LocalSessionManager::default()),
-            config,
-        ))
-        .with_limits(&http.limits);
-        match http.auth {
-            Some(auth) => service.with_authenticator(auth),
-            None => service,
-        }
-    }
-
-    /// Serves streamable HTTP on `listener` (HTTP/1.1, every path; clients
-    /// conventionally use `http://HOST:PORT/mcp`), until the task is
-    /// dropped, under this server's [`HttpLimits`]: a connection over a
-    /// cap is closed at once, one whose request head is late or that
-    /// stays idle past its timeout is closed.
-    ///
-    /// # Errors
-    ///
-    /// When accepting a connection fails for a reason other than the
-    /// process's or the system's file limit (those are waited out).
-    pub async fn serve_http(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        let limits = self.http.limits;
-        http::serve(listener, self.http_service(), limits).await
-    }
-
-    /// [`serve_http`](Self::serve_http) for another handler, as
-    /// [`http_service_of`](Self::http_service_of) makes it.
-    ///
-    /// # Errors
-    ///
-    /// As [`serve_http`](Self::serve_http).
-    pub async fn serve_http_of<H, F>(
-        &self,
-        listener: tokio::net::TcpListener,
-        factory: F,
-    ) -> std::io::Result<()>
-    where
-        H: ServerHandler + Send + 'static,
-        F: Fn() -> H + Send + Sync + 'static,
-    {
-        http::serve(listener, self.http_service_of(factory), self.http.limits).await
-    }
 }
 
 /// The principal of a server that authenticates no one.
 pub const ANONYMOUS: &str = "anonymous";
-
-/// The window of a call without an id, when the tool sets no `bucket`.
-const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
-
-/// The key scope of one `tools/call`: the client's idempotency key, else
-/// its tool-call id (both for the principal), else the session's window.
-/// A tool's declared effect identity overrides all three in the engine.
-fn scope(
-    idempotency_key: Option<&str>,
-    tool_call_id: Option<&str>,
-    principal: &str,
-    session: &str,
-    window: Duration,
-) -> KeyScope {
-    match (idempotency_key, tool_call_id) {
-        (Some(key), _) => KeyScope::ToolCall(format!("{principal}/idempotency-key/{key}")),
-        (None, Some(id)) => KeyScope::ToolCall(format!("{principal}/tool-call/{id}")),
-        (None, None) => KeyScope::window(session, window),
-    }
-}
-
-fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
-    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
-}
 
 /// A session identity no other server process or session has had: the
 /// process, a counter and the clock (keys derived within it land in a
@@ -541,10 +351,6 @@ fn new_session() -> Arc<str> {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     Arc::from(format!("mcp-{:x}-{nanos:x}-{n}", std::process::id()))
-}
-
-fn to_json(outcome: &ToolOutcome) -> Value {
-    serde_json::to_value(outcome).expect("an outcome is JSON")
 }
 
 impl<S: Send + Sync + 'static> ServerHandler for McpServer<S> {

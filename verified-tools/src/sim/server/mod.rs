@@ -19,193 +19,23 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::error::SimError;
-use super::faults::{FaultDraw, FaultProfile, Lag, Op, Timeout};
-use super::truth::{Effect, EffectCount, FaultCounts, GroundTruth};
+#[cfg(doc)]
+use super::faults::FaultProfile;
+use super::faults::{FaultDraw, Lag, Op, Timeout};
+use super::truth::{Effect, GroundTruth};
 use super::world::{
     Customer, CustomerId, CustomerStatus, Hidden, InvoiceId, InvoiceRow, Message, MessageId,
-    MessageKind, Record, RecordId, RecordStatus, RowId, Sent, Slot, create, find, millis_since,
-    read, visible_messages,
+    MessageKind, Record, RecordId, RecordStatus, RowId, Sent, create, find, millis_since, read,
+    visible_messages,
 };
 use crate::deadline::later;
 use crate::{Deadline, IdempotencyKey};
 
-/// The paper's base seed; episode `i` runs with seed `BASE_SEED + i`.
-pub const BASE_SEED: u64 = 42;
+mod config;
+mod state;
 
-/// The seed of episode `episode` of a run seeded `base` (`base + episode`),
-/// the same for every method.
-///
-/// ```
-/// use verified_tools::sim::{episode_seed, BASE_SEED};
-/// assert_eq!(episode_seed(BASE_SEED, 3), 45);
-/// ```
-pub const fn episode_seed(base: u64, episode: u64) -> u64 {
-    base.wrapping_add(episode)
-}
-
-/// Whether a read that sees a lagging replica says so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum StaleReads {
-    /// The read returns the old state as if it were current (the paper's
-    /// setting: naive verifiers then report false negatives).
-    #[default]
-    Silent,
-    /// The read fails with [`SimError::StaleRead`] (a verifier turns that
-    /// into `Unknown`).
-    Flagged,
-}
-
-/// The configuration of one simulated episode.
-///
-/// ```
-/// use std::time::Duration;
-/// use verified_tools::sim::{FaultLevel, SimConfig, StaleReads};
-///
-/// let cfg = SimConfig::new(42, FaultLevel::Medium.profile())
-///     .with_honour_keys(false)
-///     .with_honour_deadlines(false)
-///     .with_latency(Duration::from_millis(20))
-///     .with_stale_reads(StaleReads::Flagged);
-/// assert!(!cfg.honour_keys && !cfg.honour_deadlines);
-/// // Ignoring deadlines, with late arrivals of unbounded delay, the server
-/// // promises no settle bound.
-/// assert_eq!(cfg.settle_bound(), None);
-/// assert_eq!(cfg.with_honour_deadlines(true).settle_bound(), Some(Duration::from_secs(5)));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SimConfig {
-    /// The episode's seed; see [`episode_seed`].
-    pub seed: u64,
-    /// The fault probabilities.
-    pub profile: FaultProfile,
-    /// Whether the server deduplicates idempotency keys (default `true`).
-    pub honour_keys: bool,
-    /// Whether the server drops a request it receives after the request's
-    /// deadline (default `true`), like a gRPC server or PostgreSQL's
-    /// `statement_timeout`. Off, a late arrival is applied however late.
-    pub honour_deadlines: bool,
-    /// What a stale read does (default [`StaleReads::Silent`]).
-    pub stale_reads: StaleReads,
-    /// Virtual time every answered call takes (default zero).
-    pub latency: Duration,
-}
-
-impl SimConfig {
-    /// A server seeded `seed` with these faults, honouring keys and
-    /// deadlines, silent stale reads, no latency.
-    pub const fn new(seed: u64, profile: FaultProfile) -> Self {
-        Self {
-            seed,
-            profile,
-            honour_keys: true,
-            honour_deadlines: true,
-            stale_reads: StaleReads::Silent,
-            latency: Duration::ZERO,
-        }
-    }
-
-    /// Switches idempotency-key support on or off.
-    pub const fn with_honour_keys(mut self, honour: bool) -> Self {
-        self.honour_keys = honour;
-        self
-    }
-
-    /// Switches deadline support on or off.
-    pub const fn with_honour_deadlines(mut self, honour: bool) -> Self {
-        self.honour_deadlines = honour;
-        self
-    }
-
-    /// Sets what a stale read does.
-    pub const fn with_stale_reads(mut self, stale_reads: StaleReads) -> Self {
-        self.stale_reads = stale_reads;
-        self
-    }
-
-    /// Sets the virtual latency of every answered call.
-    pub const fn with_latency(mut self, latency: Duration) -> Self {
-        self.latency = latency;
-        self
-    }
-
-    /// What this server guarantees a client that wants to believe a
-    /// verifier's `Absent`: how long after a request's deadline (or after
-    /// the answer to it) its effect may still be applied or still be hidden
-    /// from reads. A read that *starts* that long after shows every effect
-    /// the request will ever have; a client's settle margin
-    /// ([`RetryPolicy::settle`](crate::RetryPolicy::settle)) is this plus the
-    /// time one of its reads takes (the engine looks at the clock when the
-    /// read has answered).
-    ///
-    /// - Honouring deadlines, every request carrying one is applied by its
-    ///   deadline or never, and visible [`lag_bound`](FaultProfile::lag_bound)
-    ///   after it was applied: the lag bound.
-    /// - Ignoring deadlines (or for a request without one), a late arrival
-    ///   lands up to the late delay's cap after it was sent: that cap plus
-    ///   the lag bound, if the delay is capped.
-    ///
-    /// `None`: no bound (an uncapped late delay on a server that ignores
-    /// deadlines, or an unbounded lag tail).
-    pub fn settle_bound(&self) -> Option<Duration> {
-        let lag = self.profile.lag_bound()?;
-        if self.honour_deadlines {
-            return Some(lag);
-        }
-        let late = if self.profile.timeout > 0.0 && self.profile.late_arrival > 0.0 {
-            self.profile.late_delay.cap?
-        } else {
-            Duration::ZERO
-        };
-        Some(late + lag)
-    }
-}
-
-/// The stored answer of a keyed write, replayed for a repeated key.
-#[derive(Debug, Clone, Copy)]
-enum Reply {
-    Customer(Customer),
-    Message(Message),
-    Row(InvoiceRow),
-    Record(Record),
-}
-
-trait Replied: Copy {
-    fn wrap(self) -> Reply;
-    fn unwrap(reply: Reply) -> Option<Self>;
-}
-
-macro_rules! replied {
-    ($t:ty, $v:ident) => {
-        impl Replied for $t {
-            fn wrap(self) -> Reply {
-                Reply::$v(self)
-            }
-            fn unwrap(reply: Reply) -> Option<Self> {
-                if let Reply::$v(x) = reply { Some(x) } else { None }
-            }
-        }
-    };
-}
-impl Replied for Reply {
-    fn wrap(self) -> Reply {
-        self
-    }
-    fn unwrap(reply: Reply) -> Option<Self> {
-        Some(reply)
-    }
-}
-
-replied!(Customer, Customer);
-replied!(Message, Message);
-replied!(InvoiceRow, Row);
-replied!(Record, Record);
-
-#[derive(Debug, Clone, Copy)]
-struct KeyEntry {
-    key: IdempotencyKey,
-    effect: Effect,
-    reply: Reply,
-}
+pub use config::{BASE_SEED, SimConfig, StaleReads, episode_seed};
+use state::{Deferred, KeyEntry, Pending, Replied, Request, State};
 
 /// How the current write is to be applied.
 struct Apply {
@@ -223,90 +53,6 @@ impl Apply {
     /// for a partial OK what the full write would have stored (`full`).
     fn answer<T>(&self, written: T, full: impl FnOnce(T) -> T) -> T {
         if self.claims_full { full(written) } else { written }
-    }
-}
-
-/// A write request as the server receives it.
-#[derive(Debug, Clone, Copy)]
-struct Request {
-    op: Op,
-    target: u64,
-    /// The key, if the server honours keys.
-    key: Option<IdempotencyKey>,
-    /// The deadline, if the server honours deadlines.
-    deadline: Option<Instant>,
-    draw: FaultDraw,
-}
-
-/// The write of a late arrival, applied when it lands.
-type Deferred = Box<dyn FnOnce(&mut State, &Apply) -> Result<Reply, SimError> + Send>;
-
-/// A late arrival on its way to the server.
-struct Pending {
-    at: Instant,
-    seq: u64,
-    request: Request,
-    apply: Deferred,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("at", &self.at)
-            .field("seq", &self.seq)
-            .field("request", &self.request)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    customers: Vec<Slot<Customer>>,
-    outbox: Vec<Sent>,
-    rows: Vec<Slot<InvoiceRow>>,
-    records: Vec<Slot<Record>>,
-    keys: Vec<KeyEntry>,
-    effects: Vec<(Effect, EffectCount)>,
-    faults: FaultCounts,
-    calls: [u32; Op::ALL.len()],
-    pending: Vec<Pending>,
-    sent: u64,
-    /// The draws the harness set for given calls ([`Oracle::script`]).
-    script: Vec<(Op, u32, FaultDraw)>,
-}
-
-impl State {
-    /// A concurrent writer touches the target of a versioned write; whether
-    /// there was a target to touch.
-    fn bump(&mut self, op: Op, target: u64, now: Instant) -> bool {
-        match op {
-            Op::SetCustomerStatus => find(&mut self.customers, CustomerId(target))
-                .map(|s| {
-                    s.write(Customer { version: s.current.version + 1, ..s.current }, None, now)
-                })
-                .is_some(),
-            Op::SetRecordStatus | Op::UpdateRecordFields => {
-                find(&mut self.records, RecordId(target))
-                    .map(|s| {
-                        s.write(Record { version: s.current.version + 1, ..s.current }, None, now)
-                    })
-                    .is_some()
-            }
-            _ => false,
-        }
-    }
-
-    fn count(&mut self, effect: Effect, partial: bool) {
-        let i = match self.effects.iter().position(|(e, _)| *e == effect) {
-            Some(i) => i,
-            None => {
-                self.effects.push((effect, EffectCount::default()));
-                self.effects.len() - 1
-            }
-        };
-        let c = &mut self.effects[i].1;
-        c.applied += 1;
-        c.partial += u32::from(partial);
     }
 }
 

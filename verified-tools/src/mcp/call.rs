@@ -1,0 +1,121 @@
+//! One `tools/call` answered: whose it is, which logical call it is (its
+//! key scope, as the module docs' table says), driven as a long call, and
+//! its outcome as an MCP result. Apart so that the server reads as what it
+//! is set up with and what it serves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::Value;
+
+#[cfg(doc)]
+use super::Authenticate;
+use super::long_call::LongCall;
+use super::{IDEMPOTENCY_KEY_META, McpServer, Principal, TOOL_CALL_ID_META};
+use crate::KeyScope;
+use crate::toolset::ToolOutcome;
+
+/// What a call the client cancelled ends with (rmcp sends it nowhere).
+const CANCELLED: &str = "the client cancelled this call: nothing more was sent under its key, \
+     and a repeat of it checks first";
+
+impl<S: Send + Sync + 'static> McpServer<S> {
+    /// The principal of a request: the one its bearer token named (HTTP
+    /// with an [`Authenticate`]), else the server's. A session serves the
+    /// principal that opened it alone.
+    pub(super) fn principal_of(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Arc<str>, ErrorData> {
+        let parts = context.extensions.get::<hyper::http::request::Parts>();
+        let Some(principal) = parts.and_then(|p| p.extensions.get::<Principal>()) else {
+            return Ok(Arc::clone(&self.principal));
+        };
+        let bound = self.bound.get_or_init(|| principal.clone());
+        if bound != principal {
+            return Err(ErrorData::invalid_request(
+                "this session was opened by another principal: open a session of your own",
+                None,
+            ));
+        }
+        Ok(Arc::clone(principal.name()))
+    }
+
+    pub(super) async fn call_as(
+        &self,
+        request: CallToolRequestParams,
+        meta: &RequestMetaObject,
+        principal: &str,
+        live: Option<&RequestContext<RoleServer>>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let name = request.name.as_ref();
+        if !self.set.lists(name) {
+            let outcome = ToolOutcome::no_such_tool(name, self.set.names());
+            let message = format!(
+                "{}. {}",
+                outcome.error.as_deref().unwrap_or_default(),
+                outcome.instruction.as_deref().unwrap_or_default()
+            );
+            return Err(ErrorData::invalid_params(message, Some(to_json(&outcome))));
+        }
+        let window = self.set.get(name).and_then(|t| t.spec().bucket);
+        let scope = scope(
+            meta_str(meta, IDEMPOTENCY_KEY_META),
+            meta_str(meta, TOOL_CALL_ID_META),
+            principal,
+            &self.session,
+            window.unwrap_or(DEFAULT_WINDOW),
+        );
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let cx = self.set.context().clone().with_scope(scope);
+        let outcome = match live {
+            None => self.set.call_in(&cx, name, &arguments).await,
+            Some(context) => {
+                let spec = self.set.get(name).map(|t| t.spec());
+                let (cx, call) = LongCall::watch(cx, spec, context);
+                match call.drive(self.set.call_in(&cx, name, &arguments)).await {
+                    Some(outcome) => outcome,
+                    // rmcp sends no answer to a cancelled request.
+                    None => return Err(ErrorData::internal_error(CANCELLED, None)),
+                }
+            }
+        };
+        let structured = to_json(&outcome);
+        Ok(if outcome.is_success() {
+            CallToolResult::structured(structured)
+        } else {
+            CallToolResult::structured_error(structured)
+        })
+    }
+}
+
+/// The window of a call without an id, when the tool sets no `bucket`.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
+
+/// The key scope of one `tools/call`: the client's idempotency key, else
+/// its tool-call id (both for the principal), else the session's window.
+/// A tool's declared effect identity overrides all three in the engine.
+fn scope(
+    idempotency_key: Option<&str>,
+    tool_call_id: Option<&str>,
+    principal: &str,
+    session: &str,
+    window: Duration,
+) -> KeyScope {
+    match (idempotency_key, tool_call_id) {
+        (Some(key), _) => KeyScope::ToolCall(format!("{principal}/idempotency-key/{key}")),
+        (None, Some(id)) => KeyScope::ToolCall(format!("{principal}/tool-call/{id}")),
+        (None, None) => KeyScope::window(session, window),
+    }
+}
+
+fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
+    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+fn to_json(outcome: &ToolOutcome) -> Value {
+    serde_json::to_value(outcome).expect("an outcome is JSON")
+}
