@@ -521,3 +521,62 @@ pub fn mcp_annotations(spec: &ToolSpec) -> Value {
         "openWorldHint": true
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::mcp_annotations;
+    use crate::{EffectKind, SideEffect, ToolSpec};
+
+    /// `(destructiveHint, idempotentHint)` of a hand-written spec.
+    fn hints(spec: &ToolSpec) -> (bool, bool) {
+        let a = mcp_annotations(spec);
+        assert_eq!((&a["readOnlyHint"], &a["openWorldHint"]), (&json!(false), &json!(true)));
+        (a["destructiveHint"].as_bool().unwrap(), a["idempotentHint"].as_bool().unwrap())
+    }
+
+    #[test]
+    fn annotations_follow_mcps_definitions() {
+        let write = |kind: Option<EffectKind>, key: &'static [&'static str]| {
+            let spec = ToolSpec::new("t", SideEffect::High).with_effect_key(key);
+            match kind {
+                Some(kind) => spec.with_effect_kind(kind),
+                None => spec,
+            }
+        };
+        let keyed: &[&str] = &["order"];
+        // (kind, declares a key) -> (destructive, idempotent)
+        let table = [
+            (Some(EffectKind::Additive), false, (false, false)),
+            (Some(EffectKind::Additive), true, (false, true)),
+            (Some(EffectKind::Overwrite), false, (true, true)),
+            (Some(EffectKind::Overwrite), true, (true, true)),
+            (Some(EffectKind::Delete), false, (true, false)),
+            (Some(EffectKind::Delete), true, (true, true)),
+            (None, false, (true, false)),
+            (None, true, (true, true)),
+        ];
+        for (kind, key, expected) in table {
+            let spec = write(kind, if key { keyed } else { &[] });
+            assert_eq!(hints(&spec), expected, "{kind:?}, key: {key}");
+        }
+        // The class says what a repeat costs, not what the effect does.
+        for class in [SideEffect::Low, SideEffect::High, SideEffect::Irreversible] {
+            let spec = ToolSpec::new("t", class).with_effect_kind(EffectKind::Additive);
+            assert_eq!(hints(&spec), (false, false), "{class:?}");
+        }
+        // Reads say only that they read.
+        let read = ToolSpec::new("r", SideEffect::None).with_effect_kind(EffectKind::Overwrite);
+        assert_eq!(mcp_annotations(&read), json!({"readOnlyHint": true, "openWorldHint": true}));
+    }
+
+    #[test]
+    fn effect_kinds_are_named_as_the_attribute_spells_them() {
+        let names: Vec<_> = [EffectKind::Additive, EffectKind::Overwrite, EffectKind::Delete]
+            .iter()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(names, ["additive", "overwrite", "delete"]);
+    }
+}
