@@ -7,9 +7,11 @@
 //! the rest of the process. Leaking it each time (`Box::leak`) grows memory
 //! with every listing a proxy reads; these functions keep one copy per
 //! distinct content instead, so a listing read again, or a set rebuilt when
-//! the upstream says its tools changed, costs nothing: memory is bounded by
-//! the distinct descriptors the process ever saw, not by how often it saw
-//! them.
+//! the upstream says its tools changed, costs no more memory: what is kept
+//! grows with the distinct descriptors and texts the process ever saw, not
+//! with how often it saw them. Nothing kept is freed, so an upstream that
+//! keeps changing its texts (a description with a date in it) grows it
+//! with every change.
 //!
 //! ```
 //! use verified_tools::{intern, SideEffect, ToolSpec};
@@ -52,15 +54,17 @@ pub fn texts<S: AsRef<str>>(items: &[S]) -> &'static [&'static str] {
 }
 
 /// A list of parameters ([`ToolSpec::with_params`]), kept for the rest of
-/// the process, once per content. Make their names with [`text`].
+/// the process, once per content. Make their names and types with [`text`].
 pub fn params(params: &[Param]) -> &'static [Param] {
     static PARAMS: Pool<[Param]> = Pool::new();
     PARAMS.get(params, |list| Box::leak(Box::from(list)))
 }
 
 /// `spec`, kept for the rest of the process: a descriptor equal to one kept
-/// before gives that one back. Make its texts with [`text`] and
-/// [`texts`], or they are kept once more with each call that builds them.
+/// before gives that one back. Equal means equal content: two upstreams
+/// listing the same tool share one descriptor (nothing compares
+/// descriptors by address). Make its texts with [`text`] and [`texts`], or
+/// they are kept once more with each call that builds them.
 pub fn spec(spec: ToolSpec) -> &'static ToolSpec {
     static SPECS: Pool<ToolSpec> = Pool::new();
     SPECS.get(&spec, |s| Box::leak(Box::new(*s)))
@@ -101,10 +105,13 @@ mod tests {
 
     #[test]
     fn threads_keeping_the_same_content_get_one_copy() {
+        // All eight ask at once, so that a lookup and an insert race.
+        let start = std::sync::Barrier::new(8);
         let kept: Vec<usize> = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..8)
                 .map(|_| {
                     scope.spawn(|| {
+                        start.wait();
                         let name = String::from("intern_threads_tool");
                         let spec = ToolSpec::new(text(&name), SideEffect::Low)
                             .with_params(params(&[Param::new(text("to"), text("String"))]));

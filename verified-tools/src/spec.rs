@@ -231,3 +231,17 @@ impl Param {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::EffectKind;
+
+    #[test]
+    fn effect_kinds_are_named_as_the_attribute_spells_them() {
+        let names: Vec<_> = [EffectKind::Additive, EffectKind::Overwrite, EffectKind::Delete]
+            .iter()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(names, ["additive", "overwrite", "delete"]);
+    }
+}

@@ -54,7 +54,9 @@ fn conflict() -> FaultDraw {
 
 /// A write that stays invisible to `reads` reads and for `ms` milliseconds.
 fn lagged(reads: u32, ms: u64) -> FaultDraw {
-    let lag = Lag { reads, time: Duration::from_millis(ms), bound: None };
+    // Bounded as the profile's own lags are.
+    let bound = FaultProfile::NONE.lag_bound();
+    let lag = Lag { reads, time: Duration::from_millis(ms), bound };
     FaultDraw { lag: Some(lag), ..FaultDraw::default() }
 }
 
@@ -566,7 +568,7 @@ async fn a_delayed_update_shows_the_previous_state_then_the_new_one() {
     let seen = s.get_customer(C).await.unwrap().unwrap();
     assert_eq!((seen.status, seen.version), (CustomerStatus::Pending, 1));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = s.get_customer(C).await; // a second read, in case the lag was 2 reads
+    let _ = s.get_customer(C).await; // the lag's second read
     let seen = s.get_customer(C).await.unwrap().unwrap();
     assert_eq!((seen.status, seen.version), (CustomerStatus::Active, 2));
 }
@@ -1037,15 +1039,18 @@ async fn a_delayed_repair_shows_the_partial_record_until_the_lag_ends() {
 #[tokio::test(start_paused = true)]
 async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
     use verified_tools::ledger::Codec;
-    use verified_tools::{Context, SideEffect, ToolResult, ToolSpec, Verdict, engine};
+    use verified_tools::{Context, Proof, SideEffect, ToolResult, ToolSpec, Verdict, engine};
     static SEND: ToolSpec = ToolSpec::new("send_welcome", SideEffect::High).with_verifier();
 
     let p = FaultLevel::High.profile();
     for honour in [true, false] {
         let (s, o, _) = with_customer(SimConfig::new(42, p).with_honour_keys(honour)).await;
-        o.script(Op::SendWelcome, 0, lost(Timeout::AfterApplying));
-        o.script(Op::SendWelcome, 1, FaultDraw::default());
+        // Applied, its answer lost, and out of sight for two reads: the
+        // verifier reads stale data before it sees the message.
+        let hidden = FaultDraw { lag: lagged(2, 6).lag, ..lost(Timeout::AfterApplying) };
+        o.script(Op::SendWelcome, 0, hidden);
         let cx = Context::new("agent").for_step("episode", 3);
+        let stale = std::sync::atomic::AtomicU32::new(0);
         let result: ToolResult<(), SimError> = engine::call(
             &cx,
             &SEND,
@@ -1057,10 +1062,13 @@ async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
                 async move { s.send_welcome(C, Some(key), Some(deadline)).await.map(|_| ()) }
             },
             Some(|_key| {
-                let s = Arc::clone(&s);
+                let (s, stale) = (Arc::clone(&s), &stale);
                 async move {
                     match s.count_messages(C).await {
-                        Ok(0) => Verdict::Absent,
+                        Ok(0) => {
+                            stale.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Verdict::Absent
+                        }
                         Ok(_) => Verdict::Holds(()),
                         Err(_) => Verdict::Unknown,
                     }
@@ -1069,13 +1077,14 @@ async fn the_engine_recovers_an_applied_timeout_through_the_simulator() {
             Codec::serde(),
         )
         .await;
-        assert!(result.is_success(), "{honour}");
+        let proved = matches!(result, ToolResult::Success { proof: Proof::Verifier, .. });
+        assert!(proved, "{honour}: {result:?}");
+        // Two stale reads said absent before the settle point, and were
+        // not trusted: no second send, so one message even without keys.
+        assert_eq!(stale.into_inner(), 2, "{honour}");
         let truth = o.truth();
-        // With keys there is one message whatever the verifier saw.
-        if honour {
-            assert_eq!(truth.welcome_messages(C), 1);
-        }
-        assert!(truth.welcome_messages(C) >= 1);
+        assert_eq!(truth.calls(Op::SendWelcome), 1, "{honour}");
+        assert_eq!(truth.welcome_messages(C), 1, "{honour}");
     }
 }
 

@@ -1,5 +1,6 @@
-//! What the integration tests share: finding the real servers they need
-//! (Redis, PostgreSQL, the Python MCP SDK). Under `CI=true` (set by
+//! What every package's test suites share: finding (or starting) the real
+//! servers they need (Redis, PostgreSQL), and a TCP proxy that loses
+//! answers ([`lossy`]). Under `CI=true` (set by
 //! `.ci/run`, which installs and starts every server) a missing server fails
 //! the test; on a newcomer's machine the test says in one line what is
 //! missing and how to get it, and passes without running.

@@ -570,13 +570,4 @@ mod tests {
         let read = ToolSpec::new("r", SideEffect::None).with_effect_kind(EffectKind::Overwrite);
         assert_eq!(mcp_annotations(&read), json!({"readOnlyHint": true, "openWorldHint": true}));
     }
-
-    #[test]
-    fn effect_kinds_are_named_as_the_attribute_spells_them() {
-        let names: Vec<_> = [EffectKind::Additive, EffectKind::Overwrite, EffectKind::Delete]
-            .iter()
-            .map(|k| k.as_str())
-            .collect();
-        assert_eq!(names, ["additive", "overwrite", "delete"]);
-    }
 }

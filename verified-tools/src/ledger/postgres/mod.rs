@@ -29,8 +29,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 
 use self::connection::Source;
-// `describe` is reached by `transact` as `super::super::describe`.
-use self::failure::{Failure, describe, first, kept, no_answer};
+use self::failure::{Failure, first, kept, no_answer};
 use self::operations::{Answer, Inner, Params, abandon_later, held};
 use self::sql::{PURGE_BATCH, PURGE_EVERY};
 use super::{

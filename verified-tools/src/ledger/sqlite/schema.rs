@@ -8,8 +8,9 @@
 //! One table of records and one row of meta data, tagged with
 //! `PRAGMA application_id` (so that another application's database is
 //! refused, not written into) and versioned with `PRAGMA user_version`
-//! ([`SCHEMA_VERSION`]). [`SqliteLedger::open`](super::SqliteLedger::open) creates the schema in an
-//! empty file and refuses a version it does not know.
+//! ([`SCHEMA_VERSION`]). [`SqliteLedger::open`](super::SqliteLedger::open)
+//! creates the schema in an empty file and refuses a version it does not
+//! know.
 //!
 //! | column | meaning |
 //! |---|---|

@@ -73,7 +73,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 /// (MCP's stdio transport: `tokio::io::stdin()` and `stdout()`, or
 /// `rmcp::transport::stdio_pipes()`), with every line read by the wire
 /// first (see the module's documentation), no line longer than `limit`
-/// bytes kept ([`DEFAULT_MAX_MESSAGE_BYTES`](super::DEFAULT_MAX_MESSAGE_BYTES) is rmcp's HTTP limit).
+/// bytes kept ([`DEFAULT_MAX_MESSAGE_BYTES`](super::DEFAULT_MAX_MESSAGE_BYTES)
+/// is rmcp's HTTP limit).
 ///
 /// rmcp serves the lines that pass through an in-memory pipe; its answers
 /// and the wire's own are written to `output` by one writer, a whole line

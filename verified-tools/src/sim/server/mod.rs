@@ -458,9 +458,10 @@ impl SimServer {
     /// others, drawn from a stream of its own ([`Op::UpdateRecordFields`]):
     /// a stale conflict rejects it, a partial success writes the invoice id
     /// but not the amount (keeping the old one) and answers OK (a partial OK:
-    /// with the amount, as if written), a lag hides
-    /// it from reads, a timeout loses the answer of a request the server applied at once or
-    /// receives late ([`TimeoutKind`](super::faults::TimeoutKind)).
+    /// with the amount, as if written), a lag hides it from reads, a timeout
+    /// loses the answer of a request the server applied at once or receives
+    /// late, or, with the earlier split, lost before it
+    /// ([`TimeoutKind`](super::faults::TimeoutKind)).
     /// Status is untouched. In the [ground truth](super::GroundTruth) it is
     /// an update: filling in a partial record is not a duplicate (the
     /// record was created once), applying the full update twice is.

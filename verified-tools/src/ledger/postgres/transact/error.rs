@@ -70,7 +70,7 @@ impl<E> TxError<E> {
         match self {
             TxError::Body(_) => String::new(),
             TxError::Postgres { stage, source } => {
-                format!("{}: {}", stage.doing(), super::super::describe(source))
+                format!("{}: {}", stage.doing(), super::super::failure::describe(source))
             }
             TxError::Closed { stage, error } => format!(
                 "the connection closed while {}, before COMMIT: rolled back; call again with a \
