@@ -155,6 +155,14 @@
 //! OpenTelemetry GenAI conventions, `execute_tool {tool}`; an
 //! [`audit`] sink gets every transition as one JSON object.
 #![warn(missing_docs)]
+// A few links point at items behind features (`ledger::kit`,
+// `toolset::mcp_annotations`, `PostgresLedger::transact`). With every feature
+// on (docs.rs, and CI's `cargo doc --all-features`) each must resolve; with
+// fewer, the links to what is left out are let go rather than warned about.
+#![cfg_attr(
+    not(all(feature = "ledger-kit", feature = "schema", feature = "postgres")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 pub mod audit;
 mod classify;
