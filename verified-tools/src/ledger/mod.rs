@@ -139,6 +139,8 @@ pub mod record;
 mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod store_time;
 
 use std::any::Any;
 use std::fmt;

@@ -417,7 +417,7 @@ impl Ledger for PostgresLedger {
             let key = sql::key_bytes(key);
             let key: &[u8] = &key;
             let (fence_value, attempts) = (sql::fence_arg(fence), i64::from(progress.attempts));
-            let settle = sql::settle_arg(progress.settle);
+            let settle = crate::ledger::store_time::settle_micros(progress.settle);
             let params: [(&(dyn ToSql + Sync), Type); 5] = [
                 (&key, Type::BYTEA),
                 (&fence_value, Type::INT8),

@@ -219,7 +219,7 @@ impl Inner {
         let previous_fingerprint: Option<&[u8]> = previous.as_ref().map(|(_, fp)| &fp[..]);
         let progress = request.first;
         let (lease_us, attempts) = (sql::micros(lease), i64::from(progress.attempts));
-        let settle = sql::settle_arg(progress.settle);
+        let settle = crate::ledger::store_time::settle_micros(progress.settle);
         let params: [(&(dyn ToSql + Sync), Type); 8] = [
             (&key, Type::BYTEA),
             (&fingerprint, Type::BYTEA),

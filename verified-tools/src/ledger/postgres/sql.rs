@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::IdempotencyKey;
 use crate::ledger::{
     Claim, ClaimRequest, Claimed, Fence, LedgerError, Progress, RecordState, RecordView, Replay,
-    Settle,
+    Settle, store_time,
 };
 
 /// The version of the schema this build creates and reads
@@ -39,10 +39,6 @@ pub(super) const PURGE_EVERY: u32 = 32;
 
 /// ...at most this many (twice what the finishes in between can create).
 pub(super) const PURGE_BATCH: i32 = 64;
-
-/// Durations sent are capped here (about 35 years), far inside
-/// `timestamptz`'s range and exact in the server's interval arithmetic.
-const MAX_MICROS: u64 = 1 << 50;
 
 /// Checks a schema or prefix: letters, digits and `_` only, so that the
 /// names are quoted as they are (case kept) and fit in the functions'
@@ -142,20 +138,10 @@ pub(super) fn key_bytes(key: IdempotencyKey) -> [u8; 16] {
     key.as_u128().to_be_bytes()
 }
 
-/// A duration in µs, rounded up (a lease or settle time is never
-/// shortened), capped at [`MAX_MICROS`].
+/// A duration in µs as the functions take it (`bigint`): rounded up and
+/// capped as [`store_time::micros`] does, which fits an `i64`.
 pub(super) fn micros(d: Duration) -> i64 {
-    let us = u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX).min(MAX_MICROS);
-    // MAX_MICROS fits an i64.
-    us as i64
-}
-
-/// A settle time as the functions take it: µs from now, -1 for never.
-pub(super) fn settle_arg(settle: Settle) -> i64 {
-    match settle {
-        Settle::After(d) => micros(d),
-        Settle::Never => -1,
-    }
+    store_time::micros(d) as i64
 }
 
 pub(super) fn fence_arg(fence: Fence) -> i64 {
@@ -283,11 +269,7 @@ mod tests {
 
     #[test]
     fn durations_round_up_and_are_capped() {
-        assert_eq!(micros(Duration::from_nanos(1)), 1);
-        assert_eq!(micros(Duration::from_micros(7)), 7);
-        assert_eq!(micros(Duration::MAX), MAX_MICROS as i64);
-        assert_eq!(settle_arg(Settle::Never), -1);
-        assert_eq!(settle_arg(Settle::NOW), 0);
+        assert_eq!(micros(Duration::MAX), store_time::MAX_MICROS as i64);
         assert_eq!(settle(-1), Settle::Never);
         assert_eq!(settle(0), Settle::NOW);
     }

@@ -7,11 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::PayloadDigest;
-use crate::ledger::{Fence, Settle};
-
-/// Durations sent to Redis are capped here (about 35 years): the scripts'
-/// arithmetic is on doubles, exact below 2^53 µs.
-const MAX_MICROS: u64 = 1 << 50;
+use crate::ledger::Fence;
+use crate::ledger::store_time::MAX_MICROS;
 
 /// A fresh random token: a claim's, a write-through's or a decision's, so
 /// that the store recognises it when it is sent again.
@@ -23,24 +20,10 @@ pub(super) fn token() -> String {
     RandomState::new().hash_one(NEXT.fetch_add(1, Ordering::Relaxed)).to_string()
 }
 
-/// A duration in µs, rounded up (a lease or settle time is never shortened),
-/// capped at [`MAX_MICROS`].
-pub(super) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX).min(MAX_MICROS)
-}
-
-/// A duration in ms, rounded up, capped as [`micros`].
+/// A duration in ms, rounded up, capped as
+/// [`store_time::micros`](crate::ledger::store_time::micros) is.
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX).min(MAX_MICROS / 1_000)
-}
-
-/// A settle time as the scripts take it: µs from now, -1 for never.
-pub(super) fn settle_arg(settle: Settle) -> i64 {
-    match settle {
-        // MAX_MICROS fits an i64.
-        Settle::After(d) => micros(d) as i64,
-        Settle::Never => -1,
-    }
 }
 
 pub(super) fn fingerprint_hex(fingerprint: PayloadDigest) -> String {
@@ -70,14 +53,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_round_up_and_are_capped() {
-        assert_eq!(micros(Duration::from_nanos(1)), 1);
-        assert_eq!(micros(Duration::from_micros(7)), 7);
+    fn milliseconds_round_up_and_are_capped() {
         assert_eq!(millis(Duration::from_micros(1_001)), 2);
-        assert_eq!(micros(Duration::MAX), MAX_MICROS);
         assert_eq!(millis(Duration::MAX), MAX_MICROS / 1_000);
-        assert_eq!(settle_arg(Settle::Never), -1);
-        assert_eq!(settle_arg(Settle::NOW), 0);
     }
 
     #[test]

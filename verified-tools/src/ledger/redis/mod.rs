@@ -18,9 +18,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, ScriptInvocation, Value};
 
-use self::args::{fence_arg, fingerprint_hex, glob_prefix, micros, millis, settle_arg, token};
+use self::args::{fence_arg, fingerprint_hex, glob_prefix, millis, token};
 use self::reply::{claimed, fenced, held, read_views, resolved, scanned};
 use self::retry::{UNDO_FOR, Unanswered, bound, no_answer, retrying, run, unavailable};
+use super::store_time::{micros, settle_micros};
 use super::{
     Claim, ClaimRequest, End, Fence, Ledger, LedgerError, LedgerFuture, Progress, RecordState,
     RecordView, Resolution,
@@ -433,7 +434,7 @@ impl Ledger for RedisLedger {
                 .arg(micros(self.lease))
                 .arg(first.attempts)
                 .arg(u8::from(first.after_ok))
-                .arg(settle_arg(first.settle))
+                .arg(settle_micros(first.settle))
                 .arg(&tokens[0])
                 .arg(&tokens[1]);
             // Until the caller has the answer, the claim may hold the key
@@ -465,7 +466,7 @@ impl Ledger for RedisLedger {
                 .arg(fence_arg(fence))
                 .arg(progress.attempts)
                 .arg(u8::from(progress.after_ok))
-                .arg(settle_arg(progress.settle))
+                .arg(settle_micros(progress.settle))
                 .arg(&token);
             // A caller without the answer does not dispatch the attempt
             // (the contract): if the write landed, the attempt is taken back.
