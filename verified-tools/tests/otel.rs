@@ -410,3 +410,56 @@ fn no_secret_reaches_an_attribute_or_an_event() {
         assert!(!everything.contains("redacted"), "arguments are not recorded at all");
     }
 }
+
+/// A span opened by the tool while it runs, and one opened while its
+/// future is dropped (the agent gave up on the call), are children of the
+/// call's span: the call is entered on every poll and around that drop.
+#[test]
+fn the_tools_own_spans_nest_in_the_call_even_when_it_is_cancelled() {
+    static SPEC: ToolSpec = ToolSpec::new("upload_report", SideEffect::Low);
+
+    /// Opens a span of its own when dropped, as a client's cleanup might.
+    struct Cleanup;
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = tracing::info_span!("cleanup").entered();
+        }
+    }
+
+    let (cancelled, out) = exported(true, |cx| async move {
+        let done: ToolResult<u32, Bounced> = engine::call(
+            &cx,
+            &SPEC,
+            &1u8,
+            &1u8,
+            |_| async { tracing::info_span!("upload").in_scope(|| Ok(7)) },
+            engine::no_verifier(),
+            Codec::serde(),
+        )
+        .await;
+        assert!(done.is_success(), "{done:?}");
+        let hanging = engine::call(
+            &cx,
+            &SPEC,
+            &2u8,
+            &2u8,
+            |_| async {
+                let _cleanup = Cleanup;
+                std::future::pending::<Result<u32, Bounced>>().await
+            },
+            engine::no_verifier(),
+            Codec::serde(),
+        );
+        // Gives up before the attempt's own 100 ms timeout.
+        tokio::time::timeout(Duration::from_millis(10), hanging).await.is_err()
+    });
+    assert!(cancelled, "the second call should still hang when it is dropped");
+    let named =
+        |name: &str| -> Vec<&SpanData> { out.spans.iter().filter(|s| s.name == name).collect() };
+    let calls = named("execute_tool upload_report");
+    assert_eq!(calls.len(), 2, "{:?}", out.spans.iter().map(|s| &s.name).collect::<Vec<_>>());
+    let (upload, cleanup) = (named("upload"), named("cleanup"));
+    assert_eq!((upload.len(), cleanup.len()), (1, 1));
+    assert_eq!(upload[0].parent_span_id, calls[0].span_context.span_id());
+    assert_eq!(cleanup[0].parent_span_id, calls[1].span_context.span_id());
+}

@@ -179,7 +179,7 @@ where
     let mut call = Call {
         cx,
         spec,
-        span: span.clone(),
+        span: &span,
         identity: CallIdentity::Explicit,
         policy,
         rules,
@@ -203,7 +203,7 @@ where
     if cx.audit.is_some() || cx.escalation.is_some() {
         call.args = serde_json::value::to_raw_value(audit_args).ok();
     }
-    telemetry::instrument(span, async {
+    telemetry::in_span(&span, async {
         let result = call.bounded(payload).await;
         call.finish(result).await
     })
@@ -295,7 +295,7 @@ struct Call<'a, X: Tool> {
     cx: &'a Context,
     spec: &'static ToolSpec,
     /// Where the transitions go besides the audit sink.
-    span: telemetry::Span,
+    span: &'a telemetry::Span,
     /// What the key was derived from, for the audit.
     identity: CallIdentity<'a>,
     policy: Effective<'a>,

@@ -231,7 +231,7 @@ impl<'a, X: Tool> Call<'a, X> {
     /// The one hook of every transition: the audit sink and the span.
     #[inline]
     pub(super) fn note(&self, state: CallState, detail: Detail<'_, Out<X>, Fail<X>>) {
-        if self.cx.audit.is_some() || telemetry::listening(&self.span) {
+        if self.cx.audit.is_some() || telemetry::listening(self.span) {
             self.emit(state, detail);
         }
     }
@@ -301,6 +301,6 @@ impl<'a, X: Tool> Call<'a, X> {
             e.at_unix_ms = self.cx.clock().unix_ms();
             sink.record(&e);
         }
-        telemetry::transition(&self.span, &e);
+        telemetry::transition(self.span, &e);
     }
 }
