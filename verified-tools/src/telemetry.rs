@@ -88,6 +88,10 @@ mod spans {
             return Span::none();
         }
         let description = (!spec.description.is_empty()).then_some(spec.description);
+        let call_id = match cx.scope() {
+            Some(KeyScope::ToolCall(id)) => Some(id.as_str()),
+            _ => None,
+        };
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = %format_args!("execute_tool {}", spec.name),
@@ -97,7 +101,7 @@ mod spans {
             gen_ai.tool.name = spec.name,
             gen_ai.tool.type = "function",
             gen_ai.tool.description = description,
-            gen_ai.tool.call.id = Empty,
+            gen_ai.tool.call.id = call_id,
             error.type = Empty,
             verified_tools.agent = cx.agent(),
             verified_tools.key = Empty,
@@ -107,9 +111,6 @@ mod spans {
             verified_tools.proof = Empty,
             verified_tools.reason = Empty,
         );
-        if let Some(KeyScope::ToolCall(id)) = cx.scope() {
-            span.record("gen_ai.tool.call.id", id.as_str());
-        }
         span
     }
 
