@@ -75,7 +75,8 @@ impl<E> Cause<E> {
 pub enum UnknownReason {
     /// Retries ran out, or the last one failed definitively, and nothing
     /// verified the earlier attempts (retry-only mode, or a tool without
-    /// verifier): one of them may have applied.
+    /// verifier): one of them may have applied. A check of such a tool's
+    /// call ends so too: it has nothing to verify with.
     RetriesExhausted,
     /// The call held its key past the ledger's lease and another call took
     /// it over: that call now owns the outcome. Nothing more was dispatched.

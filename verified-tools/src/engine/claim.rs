@@ -85,9 +85,15 @@ impl<'a, X: Tool> Call<'a, X> {
         // 1 ms poll sleeps longer than 1 ms in real time.
         let mut waiting_since = None;
         loop {
-            let claim = match ledger.claim(request).await {
+            let claim = ledger.claim(request);
+            // A store's answer may take time; one computed at once does not.
+            let waited = !claim.is_ready();
+            let claim = match claim.await {
                 Ok(claim) => claim,
-                Err(_) if self.outage_tolerated() => return Ok(Event::Claimed),
+                Err(_) if self.outage_tolerated() => {
+                    self.first_at = None;
+                    return Ok(Event::Unrecorded);
+                }
                 Err(source) => {
                     let key = derived.key;
                     return Err(ToolResult::Refused(CallError::Ledger { tool, key, source }));
@@ -99,10 +105,25 @@ impl<'a, X: Tool> Call<'a, X> {
                 Claimed::Fresh(fence) => {
                     self.hold = Some(Hold { ledger, key, fence });
                     self.first_recorded = true;
+                    // The record counts the first attempt from `first_at`:
+                    // if the store took that attempt's whole time to answer,
+                    // it goes from now, written through with its own settle
+                    // point (the clock is read only after a store's answer,
+                    // not after one computed at once).
+                    if waited && let Some(at) = self.first_at {
+                        let now = self.timeline.at(self.now());
+                        if self.timeline.attempt(at) <= now {
+                            self.first_at = None;
+                            self.first_recorded = false;
+                        }
+                    }
                     return Ok(Event::Claimed);
                 }
                 Claimed::Resume(fence, progress) => {
                     self.hold = Some(Hold { ledger, key, fence });
+                    // The first attempt, if this call makes it, follows a
+                    // verification: its time is read then.
+                    self.first_at = None;
                     // The budget is per logical call: earlier attempts count.
                     self.facts.attempts = progress.attempts;
                     self.facts.after_ok = progress.after_ok;
@@ -145,7 +166,11 @@ impl<'a, X: Tool> Call<'a, X> {
                             let step = poll.min(max - waited).min(lease_left);
                             clock::sleep(cx.clock(), step.max(Duration::from_millis(1))).await;
                             self.stage = Stage::Claiming;
+                            // Claimed now, the first attempt counts from now.
                             request.now = self.now();
+                            let at = self.timeline.at(request.now);
+                            request.first = self.first_progress(at);
+                            self.first_at = Some(at);
                         }
                         _ => return Err(ToolResult::Refused(CallError::InProgress { tool, key })),
                     }
@@ -156,21 +181,24 @@ impl<'a, X: Tool> Call<'a, X> {
 
     /// The claim of this call's key, its first attempt recorded with it.
     pub(super) fn request(&self, derived: Derived) -> ClaimRequest {
-        let mut first = self.timeline;
-        first.dispatched(first.attempt(Duration::ZERO));
         ClaimRequest {
             key: derived.key,
             fingerprint: derived.fingerprint,
             previous: derived.previous,
-            // A check dispatches nothing: a record it creates says so.
-            first: match self.rules.check {
-                false => {
-                    Progress { attempts: 1, after_ok: false, settle: first.settle(Duration::ZERO) }
-                }
-                true => Progress { attempts: 0, after_ok: false, settle: Settle::NOW },
-            },
+            first: self.first_progress(Duration::ZERO),
             now: self.started,
         }
+    }
+
+    /// The first attempt as a claim records it, were it sent at `at`.
+    fn first_progress(&self, at: Duration) -> Progress {
+        // A check dispatches nothing: a record it creates says so.
+        if self.rules.check {
+            return Progress { attempts: 0, after_ok: false, settle: Settle::NOW };
+        }
+        let mut first = self.timeline;
+        first.dispatched(first.attempt(at));
+        Progress { attempts: 1, after_ok: false, settle: first.settle(at) }
     }
 
     /// Whether a low-risk call may go on while the ledger is unreachable.

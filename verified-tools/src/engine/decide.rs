@@ -44,8 +44,11 @@ pub(crate) struct Facts {
 /// What just happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Event {
-    /// The key is ours, fresh (or there is no ledger).
+    /// The key is ours, fresh: the ledger has no record of it.
     Claimed,
+    /// No record could be read (no ledger, or a low-risk call going on
+    /// while it is unreachable): nothing is known of earlier calls.
+    Unrecorded,
     /// The key is ours, taken over from earlier calls.
     Resumed,
     /// The key completed in an earlier call whose value cannot be replayed.
@@ -133,12 +136,21 @@ impl Rules {
         }
         // A check reads and records; wherever a call would send, it stops
         // with what it knows.
+        // Without a record, what was sent under the key is unknown: only
+        // the verifier can settle it.
+        if event == Event::Unrecorded {
+            facts.in_doubt = true;
+        }
+        // With no verifier to read, a check of a call in doubt ends as a
+        // call whose attempts nothing verified.
+        let unverified = match self.verifies() {
+            true => UnknownReason::VerifierInconclusive,
+            false => UnknownReason::RetriesExhausted,
+        };
         match (event, next) {
-            (Event::Claimed, _) if self.verifies() => Next::Verify,
-            (Event::Claimed, _) => Next::Unresolved(UnknownReason::VerifierInconclusive),
-            (_, Next::Dispatch) if facts.in_doubt => {
-                Next::Unresolved(UnknownReason::VerifierInconclusive)
-            }
+            (Event::Claimed | Event::Unrecorded, _) if self.verifies() => Next::Verify,
+            (Event::Claimed | Event::Unrecorded, _) => Next::Unresolved(unverified),
+            (_, Next::Dispatch) if facts.in_doubt => Next::Unresolved(unverified),
             (_, Next::Dispatch) => Next::NotApplied,
             (_, next) => next,
         }
@@ -147,7 +159,7 @@ impl Rules {
     /// The decision of a call that may dispatch.
     fn call(&self, facts: &mut Facts, event: Event) -> Next {
         match event {
-            Event::Claimed => Next::Dispatch,
+            Event::Claimed | Event::Unrecorded => Next::Dispatch,
             Event::Resumed => {
                 // Attempts that never left (a check's record, or one a
                 // person resolved not applied) leave nothing to keep with
@@ -245,6 +257,10 @@ impl Rules {
             Event::Expired(Stage::Running) if facts.in_doubt => {
                 Next::Unresolved(UnknownReason::DeadlineExceeded)
             }
+            // The ledger says it completed: never "not applied".
+            Event::Expired(Stage::Running) if facts.completed => {
+                Next::Unresolved(UnknownReason::ValueNotRecorded)
+            }
             Event::Expired(Stage::Running) => Next::NotApplied,
         }
     }
@@ -295,6 +311,7 @@ mod tests {
     fn events() -> Vec<Event> {
         let mut all = vec![
             Event::Claimed,
+            Event::Unrecorded,
             Event::Resumed,
             Event::Unreplayable,
             Event::Answered,
@@ -370,8 +387,40 @@ mod tests {
             if next == Next::NotApplied {
                 assert!(!after.in_doubt, "{rules:?} {facts:?} {event:?}");
             }
-            if event == Event::Claimed {
+            if matches!(event, Event::Claimed | Event::Unrecorded) {
                 assert!(matches!(next, Next::Verify | Next::Unresolved(_)), "{rules:?}");
+            }
+            // Without a record the check knows nothing of what was sent.
+            if event == Event::Unrecorded {
+                assert!(after.in_doubt, "{rules:?} {facts:?}");
+            }
+            // Only a verifier can be inconclusive (and only a verifier's
+            // events follow a read).
+            let read = matches!(event, Event::Holds | Event::Absent | Event::Inconclusive { .. });
+            if (!rules.verifier || rules.mode == Mode::RetryOnly) && !read {
+                let blamed = Next::Unresolved(UnknownReason::VerifierInconclusive);
+                assert_ne!(next, blamed, "{rules:?} {facts:?} {event:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn what_the_ledger_says_completed_is_never_not_applied_nor_failed() {
+        for (rules, facts, event, _, next) in table() {
+            // What can follow an unreplayable completion: reads and the end.
+            let after_completion = matches!(
+                event,
+                Event::Holds
+                    | Event::Absent
+                    | Event::Inconclusive { .. }
+                    | Event::Halted(_)
+                    | Event::Expired(_)
+            );
+            if facts.completed && after_completion {
+                assert!(
+                    !matches!(next, Next::NotApplied | Next::Fail | Next::Dispatch),
+                    "{rules:?} {facts:?} {event:?} {next:?}"
+                );
             }
         }
     }
@@ -384,7 +433,7 @@ mod tests {
             }
             // Only a fresh claim, an attempt that never left, or a settled
             // Absent in the call that sent it may dispatch.
-            let allowed = event == Event::Claimed
+            let allowed = matches!(event, Event::Claimed | Event::Unrecorded)
                 || (event == Event::Failed(ErrorClass::NotSent) && !facts.in_doubt)
                 || (event == Event::Absent && !facts.resumed && !facts.completed);
             assert!(allowed, "{rules:?} {facts:?} {event:?}");
@@ -394,7 +443,7 @@ mod tests {
     #[test]
     fn nothing_is_dispatched_beyond_the_budget_nor_after_holds() {
         for (rules, facts, event, _, next) in table() {
-            if next != Next::Dispatch || event == Event::Claimed {
+            if next != Next::Dispatch || matches!(event, Event::Claimed | Event::Unrecorded) {
                 continue;
             }
             assert!(facts.attempts <= rules.retries, "{rules:?} {facts:?} {event:?}");
@@ -470,7 +519,7 @@ mod tests {
     fn verify_only_and_retry_only_keep_to_their_arm() {
         for (rules, _, event, _, next) in table() {
             if rules.mode == Mode::VerifyOnly && next == Next::Dispatch {
-                assert_eq!(event, Event::Claimed, "{rules:?}");
+                assert!(matches!(event, Event::Claimed | Event::Unrecorded), "{rules:?}");
             }
             if rules.mode == Mode::RetryOnly {
                 assert_ne!(next, Next::Verify, "{rules:?} {event:?}")
@@ -492,6 +541,7 @@ mod tests {
                 }
                 Event::Holds => assert!(!after.in_doubt),
                 Event::Absent if !facts.completed => assert!(!after.in_doubt),
+                Event::Unrecorded if rules.check => assert!(after.in_doubt),
                 _ if event != Event::Answered => {
                     assert_eq!(after.in_doubt, facts.in_doubt, "{rules:?} {event:?}")
                 }
@@ -509,9 +559,10 @@ mod tests {
                     assert!(after.in_doubt);
                 }
                 Event::Expired(Stage::Running) => {
-                    let expected = match facts.in_doubt {
-                        true => Next::Unresolved(UnknownReason::DeadlineExceeded),
-                        false => Next::NotApplied,
+                    let expected = match (facts.in_doubt, facts.completed) {
+                        (true, _) => Next::Unresolved(UnknownReason::DeadlineExceeded),
+                        (false, true) => Next::Unresolved(UnknownReason::ValueNotRecorded),
+                        (false, false) => Next::NotApplied,
                     };
                     assert_eq!(next, expected, "{rules:?} {facts:?}");
                 }

@@ -191,6 +191,8 @@ where
         hold: None,
         own_claim: None,
         first_recorded: false,
+        planned: false,
+        first_at: Some(Duration::ZERO),
         panic: None,
         value: None,
         cause: None,
@@ -310,6 +312,13 @@ struct Call<'a, X: Tool> {
     own_claim: Option<ClaimRequest>,
     /// The claim recorded the first attempt already.
     first_recorded: bool,
+    /// `Planned` was marked.
+    planned: bool,
+    /// When the first attempt goes out, if known without reading the clock
+    /// (on the call's timeline): the call's start, or the claim after a wait
+    /// for another call. `None` after anything else that may have waited
+    /// (a verification of a record taken over, a slow store, an outage).
+    first_at: Option<Duration>,
     /// The payload of the tool's panic, until the call unwinds with it.
     panic: Option<Box<dyn Any + Send>>,
     /// The value of the answer or of the verifier's `Holds`.
@@ -378,8 +387,9 @@ impl<'a, X: Tool> Call<'a, X> {
                 Ok(event) => event,
                 Err(done) => return done,
             },
-            None => Event::Claimed,
+            None => Event::Unrecorded,
         };
+        self.plan();
         self.stage = Stage::Running;
         loop {
             let next = self.rules.next(&mut self.facts, event);
@@ -428,17 +438,30 @@ impl<'a, X: Tool> Call<'a, X> {
         let derived = IdempotencyKey::derive_call(cx.agent(), tool, payload, scope, now, previous)
             .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
         self.key = Some(derived.key);
-        self.note(CallState::Planned, Detail::None);
         Ok(derived)
+    }
+
+    /// Marks the call planned, once its key is final: after the claim,
+    /// which may choose the previous bucket's record (a repeat across a
+    /// bucket's end), so that every event of the call names the key of its
+    /// result; or at its end, if it ends before (a refused claim).
+    fn plan(&mut self) {
+        if !self.planned && self.key.is_some() {
+            self.planned = true;
+            self.note(CallState::Planned, Detail::None);
+        }
     }
 
     /// One attempt, with the call's key and the attempt's deadline.
     async fn attempt(&mut self) -> Event {
         let key = self.key();
-        // The first attempt uses the call's start: no second clock read on
-        // the success path (its deadline is a little earlier, never later).
-        let now =
-            if self.facts.attempts == 0 { Duration::ZERO } else { self.timeline.at(self.now()) };
+        // The first attempt uses the time its claim recorded for it (the
+        // call's start, unless the call waited): no second clock read on the
+        // success path (its deadline is a little earlier, never later).
+        let now = match (self.facts.attempts, self.first_at) {
+            (0, Some(at)) => at,
+            _ => self.timeline.at(self.now()),
+        };
         let deadline = self.timeline.attempt(now);
         // Counted once announced: an attempt whose write-through failed
         // never left.

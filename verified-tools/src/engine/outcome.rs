@@ -192,6 +192,7 @@ impl<'a, X: Tool> Call<'a, X> {
         &mut self,
         mut result: ToolResult<Out<X>, Fail<X>>,
     ) -> ToolResult<Out<X>, Fail<X>> {
+        self.plan();
         // The ledger first: an audit sink that panics must not leave a
         // proven success recorded as in doubt.
         if let Some(hold) = self.hold.take() {

@@ -34,6 +34,9 @@ impl<'a, X: Tool> Call<'a, X> {
                 }
             }
         }
+        // An early `Absent` of an earlier round said nothing of the attempts
+        // sent since.
+        self.absent_seen = false;
         let budget = self.policy.base.verify;
         for read in 0..budget.reads.max(1) {
             if read > 0 {

@@ -407,6 +407,11 @@ impl<'a, T> LedgerFuture<'a, T> {
     pub fn boxed(future: impl Future<Output = Result<T, LedgerError>> + Send + 'a) -> Self {
         Self(Inner::Boxed(Box::pin(future)))
     }
+
+    /// Whether the answer was computed at once: awaiting it takes no time.
+    pub(crate) fn is_ready(&self) -> bool {
+        matches!(self.0, Inner::Ready(_))
+    }
 }
 
 // Neither variant is structurally pinned: the boxed future is pinned on the
