@@ -365,3 +365,109 @@ async fn the_reconciler_closes_what_it_can_prove_and_keeps_the_rest() {
     assert_eq!(set.pending_checks(), 0);
     assert_eq!(bank.charges(), 3);
 }
+
+/// A mail service: while `lossy` a mail is sent and its answer never comes;
+/// while `blind` the verifier cannot read what was sent.
+#[derive(Default)]
+pub struct Post {
+    sent: Mutex<Vec<String>>,
+    lossy: AtomicBool,
+    blind: AtomicBool,
+}
+
+/// Sends a mail.
+#[verified_tool(side_effect = "high", verify = delivered, skip(post), timeout = "1s",
+                schema = true)]
+pub async fn mail(post: &Post, to: String) -> Result<usize, BankError> {
+    let n = {
+        let mut sent = post.sent.lock().unwrap();
+        sent.push(to);
+        sent.len()
+    };
+    if post.lossy.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    Ok(n)
+}
+
+async fn delivered(post: &Post, to: &String) -> Verdict<usize> {
+    if post.blind.load(Ordering::SeqCst) {
+        return Verdict::Unknown;
+    }
+    let sent = post.sent.lock().unwrap();
+    sent.iter().position(|t| t == to).map(|i| i + 1).into()
+}
+
+/// A mail in doubt, made in `cx` through `set`: its key.
+async fn mail_in_doubt(set: &ToolSet<Post>, cx: &Context) -> IdempotencyKey {
+    let post = set.state();
+    post.lossy.store(true, Ordering::SeqCst);
+    post.blind.store(true, Ordering::SeqCst);
+    let lost = set.call_in(cx, "mail", &json!({"to": "bob@example.com"})).await;
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    post.lossy.store(false, Ordering::SeqCst);
+    post.blind.store(false, Ordering::SeqCst);
+    lost.key.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_time_bucketed_call_checked_an_hour_later_is_checked_under_its_own_key() {
+    let ledger = Arc::new(MemoryLedger::new());
+    let clock = Arc::new(verified_tools::TokioClock::starting_at(1_700_000_000_000));
+    // No scope: the default five-minute buckets, on tokio's paused clock.
+    let cx = Context::new("agent").with_clock(clock).with_ledger(ledger.clone());
+    let set =
+        ToolSet::new(Post::default()).with_context(cx.clone()).with(mail_tool()).with_checks(8);
+    let key = mail_in_doubt(&set, &cx).await;
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    // Derived again an hour later, the key would be another call's.
+    let checked = set.check(key).await.expect("the set keeps the call");
+    assert_eq!((checked.status, checked.key), (Status::Success, Some(key)), "{checked:?}");
+    assert!(ledger.in_doubt(10).await.unwrap().is_empty(), "the call's own record is settled");
+    assert_eq!(set.state().sent.lock().unwrap().len(), 1, "a check sends nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_made_in_another_context_is_checked_in_that_context() {
+    let set = ToolSet::new(Post::default()).with(mail_tool()).with_checks(8);
+    // Another agent, another ledger: another key than the set's own context gives.
+    let ledger = Arc::new(MemoryLedger::new());
+    let cx = Context::new("billing-agent").with_ledger(ledger.clone()).for_tool_call("call_1");
+    let key = mail_in_doubt(&set, &cx).await;
+    let checked = set.check(key).await.expect("the set keeps the call");
+    assert_eq!((checked.status, checked.key), (Status::Success, Some(key)), "{checked:?}");
+    assert!(ledger.in_doubt(10).await.unwrap().is_empty(), "its record, in its ledger");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_closed_by_a_check_and_in_doubt_again_is_checked_once() {
+    // Never answers; its verifier reads `Absent` once it can read at all.
+    #[derive(Default)]
+    struct Void(AtomicBool);
+    #[verified_tool(side_effect = "high", verify = arrived, skip(svc), timeout = "1s",
+                    settle = "1s", schema = true)]
+    async fn ping(svc: &Void, n: u64) -> Result<u64, BankError> {
+        let _ = (svc, n);
+        std::future::pending().await
+    }
+    async fn arrived(svc: &Void, _: &u64) -> Verdict<u64> {
+        match svc.0.load(Ordering::SeqCst) {
+            true => Verdict::Absent,
+            false => Verdict::Unknown,
+        }
+    }
+    let set = ToolSet::new(Void::default()).with(ping_tool()).with_checks(8);
+    let args = json!({"n": 1});
+    let lost = set.call("ping", &args, "call_1").await;
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    set.state().0.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(600)).await;
+    let closed = set.check(lost.key.unwrap()).await.unwrap();
+    assert_eq!(closed.status, Status::NotApplied, "{closed:?}");
+    set.state().0.store(false, Ordering::SeqCst);
+    // The model makes the same call again: in doubt again, under the same key.
+    let again = set.call("ping", &args, "call_1").await;
+    assert_eq!((again.status, again.key), (Status::Unknown, lost.key), "{again:?}");
+    let done = set.reconcile().await;
+    assert_eq!((done.checked, done.in_doubt), (1, 1), "{done:?}");
+}

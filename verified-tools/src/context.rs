@@ -7,7 +7,7 @@ use crate::audit::AuditSink;
 use crate::clock::{Clock, SystemClock};
 use crate::escalation::Escalation;
 use crate::ledger::{Ledger, MemoryLedger};
-use crate::{KeyScope, Mode, RetryPolicy, SideEffect, ToolSpec};
+use crate::{IdempotencyKey, KeyScope, Mode, RetryPolicy, SideEffect, ToolSpec};
 
 /// What a call does when the ledger's store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,6 +67,9 @@ pub struct Context {
     ledger_outage: LedgerOutage,
     /// Calls made with this context only check ([`Context::for_check`]).
     check: bool,
+    /// The recorded key a check is of, when deriving it again could give
+    /// another ([`Context::checking`]).
+    checked_key: Option<IdempotencyKey>,
     clock: Arc<dyn Clock>,
     pub(crate) ledger: Option<Arc<dyn Ledger>>,
     /// The in-memory ledger [`Context::new`] made, while it is the ledger:
@@ -93,6 +96,7 @@ impl Context {
             },
             ledger_outage: LedgerOutage::Refuse,
             check: false,
+            checked_key: None,
             clock: Arc::new(SystemClock),
             ledger: Some(memory.clone()),
             own_memory: Some(memory),
@@ -236,6 +240,19 @@ impl Context {
     /// Whether calls made with this context only check.
     pub fn is_check(&self) -> bool {
         self.check
+    }
+
+    /// A check of the call recorded under `key`, made with the context that
+    /// call was made with. A time-scoped call's key commits to the bucket
+    /// its call was made in, so deriving it again later would name another
+    /// call: such a check claims `key` itself.
+    pub(crate) fn checking(&self, key: IdempotencyKey) -> Self {
+        Self { check: true, checked_key: Some(key), ..self.clone() }
+    }
+
+    /// The recorded key a check is of ([`checking`](Self::checking)).
+    pub(crate) fn checked_key(&self) -> Option<IdempotencyKey> {
+        self.checked_key
     }
 
     /// Sets what a call does when its key is in flight.

@@ -48,6 +48,7 @@ use self::decide::{Event, Facts, Next, Rules, Stage};
 use crate::audit::{CallIdentity, CallState};
 use crate::clock;
 use crate::deadline::Timeline;
+use crate::key::payload::PayloadDigest;
 use crate::key::{Derived, Payload};
 use crate::ledger::{ClaimRequest, Codec, End, LedgerError, Progress};
 use crate::telemetry;
@@ -427,16 +428,23 @@ impl<'a, X: Tool> Call<'a, X> {
         };
         // Only a bucket reads the clock, and not when an effect identity
         // names the call.
-        let now = match scope {
-            KeyScope::TimeBucket(_) | KeyScope::Window { .. } if payload.effect().is_none() => {
-                cx.clock().unix_ms()
+        let bucketed = matches!(scope, KeyScope::TimeBucket(_) | KeyScope::Window { .. })
+            && payload.effect().is_none();
+        let derived = match cx.checked_key() {
+            // A check of a bucketed call: the key of the bucket it was made
+            // in, which is its own fingerprint (see `key`'s format).
+            Some(key) if bucketed => {
+                let fingerprint = PayloadDigest::from_u128(key.as_u128());
+                Derived { key, fingerprint, previous: None }
             }
-            _ => 0,
+            _ => {
+                let now = if bucketed { cx.clock().unix_ms() } else { 0 };
+                // Only a ledger can find the previous bucket's record.
+                let previous = cx.ledger.is_some();
+                IdempotencyKey::derive_call(cx.agent(), tool, payload, scope, now, previous)
+                    .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?
+            }
         };
-        // Only a ledger can find the previous bucket's record.
-        let previous = cx.ledger.is_some();
-        let derived = IdempotencyKey::derive_call(cx.agent(), tool, payload, scope, now, previous)
-            .map_err(|source| ToolResult::Refused(CallError::Payload { tool, source }))?;
         self.key = Some(derived.key);
         Ok(derived)
     }

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use serde_json::{Map, Value, json};
 
 use super::{Status, ToolOutcome};
-use crate::{IdempotencyKey, KeyScope};
+use crate::{Context, IdempotencyKey};
 
 /// The name of the check tool a set lists with [`ToolSet::with_checks`](super::ToolSet::with_checks).
 pub const CHECK_TOOL: &str = "check_call";
@@ -39,12 +39,13 @@ pub(super) fn check_schema() -> Map<String, Value> {
     }
 }
 
-/// A call to check again: which tool, with which arguments, in which scope.
+/// A call to check again: which tool, with which arguments, in the context
+/// it was made in (its agent, scope and ledger name its key).
 #[derive(Debug, Clone)]
 pub(super) struct Pending {
     pub(super) tool: &'static str,
     pub(super) arguments: Value,
-    pub(super) scope: Option<KeyScope>,
+    pub(super) context: Context,
 }
 
 /// The calls not known to have succeeded, oldest first, at most `cap`: past
@@ -99,9 +100,13 @@ impl Pendings {
         }
     }
 
-    /// Forgets a call whose check settled it.
+    /// Forgets a call whose check settled it (a repeat of it that ends in
+    /// doubt again is noted anew, once).
     pub(super) fn close(&self, key: IdempotencyKey) {
-        self.lock().calls.remove(&key);
+        let mut inner = self.lock();
+        if inner.calls.remove(&key).is_some() {
+            inner.order.retain(|k| *k != key);
+        }
     }
 
     pub(super) fn get(&self, key: IdempotencyKey) -> Option<Pending> {

@@ -140,7 +140,8 @@ impl<S> ToolSet<S> {
     /// `not_applied`) by key, at most `capacity` of them, and lists one more
     /// tool, [`CHECK_TOOL`] (`check_call {key}`), with which the model learns
     /// what became of such a call without doing anything again: the call is
-    /// made again as a check ([`Context::for_check`]), so a call in doubt is
+    /// made again as a check ([`Context::for_check`]), in its own context
+    /// and under its own key (see [`check`](Self::check)), so a call in doubt is
     /// verified, a proven effect is recorded as a success, and nothing is
     /// dispatched. [`reconcile`](Self::reconcile) checks them all.
     ///
@@ -335,29 +336,26 @@ impl<S: Sync> ToolSet<S> {
         let Some(tool) = self.listed(name) else { return self.no_such_tool(name) };
         let outcome = tool.call(cx, &self.state, arguments).await;
         if let Some(checks) = &self.checks {
-            let pending = || Pending {
-                tool: tool.name,
-                arguments: arguments.clone(),
-                scope: cx.scope().cloned(),
-            };
+            let pending =
+                || Pending { tool: tool.name, arguments: arguments.clone(), context: cx.clone() };
             checks.note(&outcome, pending);
         }
         outcome
     }
 
     /// Checks what became of the call with `key` that this set made and
-    /// that did not succeed: the call again, as a check, in its own scope.
-    /// `None` when the set keeps no such call (checks are off, the call
+    /// that did not succeed: the call again, as a check, in the context it
+    /// was made in and under `key` itself (a time-bucketed call checked in a
+    /// later bucket is still that call). `None` when the set keeps no such call (checks are off, the call
     /// succeeded, or it was forgotten past the capacity).
     pub async fn check(&self, key: IdempotencyKey) -> Option<ToolOutcome> {
         let checks = self.checks.as_ref()?;
         let pending = checks.get(key)?;
         let tool = self.listed(pending.tool)?;
-        let cx = match pending.scope {
-            Some(scope) => self.context.clone().with_scope(scope),
-            None => self.context.clone(),
-        }
-        .for_check();
+        // The call's own context and key: a time-scoped call checked in a
+        // later bucket, or a call made in another context, would otherwise
+        // be derived a key of another call.
+        let cx = pending.context.checking(key);
         let outcome = tool.call(&cx, &self.state, &pending.arguments).await;
         match outcome.status {
             Status::Success | Status::Failed | Status::NotApplied => checks.close(key),
