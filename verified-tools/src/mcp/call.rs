@@ -105,10 +105,59 @@ fn scope(
     session: &str,
     window: Duration,
 ) -> KeyScope {
+    let principal = escaped(principal);
     match (idempotency_key, tool_call_id) {
         (Some(key), _) => KeyScope::ToolCall(format!("{principal}/idempotency-key/{key}")),
         (None, Some(id)) => KeyScope::ToolCall(format!("{principal}/tool-call/{id}")),
         (None, None) => KeyScope::window(session, window),
+    }
+}
+
+/// The principal with no `/` in it, so that the first `/` of a scope ends
+/// it: principal `a/tool-call/b` with id `c` and principal `a` with id
+/// `b/tool-call/c` are two calls. A principal without `/` or `%` is kept
+/// as it is (the keys its calls had stay theirs).
+fn escaped(principal: &str) -> std::borrow::Cow<'_, str> {
+    if principal.contains(['/', '%']) {
+        principal.replace('%', "%25").replace('/', "%2F").into()
+    } else {
+        principal.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(key: Option<&str>, id: Option<&str>, principal: &str) -> KeyScope {
+        scope(key, id, principal, "session", DEFAULT_WINDOW)
+    }
+
+    #[test]
+    fn two_principals_never_share_a_scope() {
+        let pairs = [
+            (
+                of(Some("k"), None, "team/idempotency-key/x"),
+                of(Some("x/idempotency-key/k"), None, "team"),
+            ),
+            (of(None, Some("c"), "a/tool-call/b"), of(None, Some("b/tool-call/c"), "a")),
+            (of(None, Some("c"), "a%2Ftool-call%2Fb"), of(None, Some("c"), "a/tool-call/b")),
+        ];
+        for (one, other) in pairs {
+            assert_ne!(one, other);
+        }
+    }
+
+    #[test]
+    fn a_principal_without_a_slash_keeps_its_scopes() {
+        assert_eq!(
+            of(Some("k"), None, "alice@example.com"),
+            KeyScope::ToolCall("alice@example.com/idempotency-key/k".into())
+        );
+        assert_eq!(
+            of(None, Some("call_1"), "anonymous"),
+            KeyScope::ToolCall("anonymous/tool-call/call_1".into())
+        );
     }
 }
 
