@@ -125,6 +125,14 @@ fn escaped(principal: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
+    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+fn to_json(outcome: &ToolOutcome) -> Value {
+    serde_json::to_value(outcome).expect("an outcome is JSON")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,12 +167,4 @@ mod tests {
             KeyScope::ToolCall("anonymous/tool-call/call_1".into())
         );
     }
-}
-
-fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
-    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
-}
-
-fn to_json(outcome: &ToolOutcome) -> Value {
-    serde_json::to_value(outcome).expect("an outcome is JSON")
 }
