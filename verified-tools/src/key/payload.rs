@@ -46,10 +46,16 @@
 //! `HashSet`, in key-relevant arguments. Struct and type names are not part of
 //! the encoding, so renaming a type keeps its keys; field and variant names
 //! are, as in JSON.
+//!
+//! A `serde_json::Number` encodes as the integer or float it is, whether or
+//! not a crate in the build turns on serde_json's `arbitrary_precision`
+//! (which makes a number serialize as a private struct holding its text):
+//! the text is read back as serde_json without the feature would read it.
 
 use serde::Serialize;
 use serde::ser;
 
+use super::number;
 use super::sink::Sink;
 
 const BOOL: u8 = 0x01;
@@ -170,6 +176,15 @@ impl PayloadHasher {
         self.0.tagged_bytes(tag, name.as_bytes());
     }
 
+    /// `str(key) ‖ value`, one field of a struct. Tagged, so that a name can
+    /// never be read as the END byte; tag, length and a short name are one
+    /// write.
+    #[inline(always)]
+    fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), KeyError> {
+        self.0.tagged_bytes(STR, key.as_bytes());
+        value.serialize(self)
+    }
+
     #[inline(always)]
     fn int(&mut self, v: i128) {
         match i64::try_from(v) {
@@ -187,7 +202,7 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
     type SerializeTupleStruct = Self;
     type SerializeTupleVariant = Self;
     type SerializeMap = MapHasher<'a>;
-    type SerializeStruct = Self;
+    type SerializeStruct = StructHasher<'a>;
     type SerializeStructVariant = Self;
 
     #[inline]
@@ -353,9 +368,17 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
         Ok(MapHasher { outer: self, entry: PayloadHasher::new(), open: false, sum: 0, count: 0 })
     }
     #[inline]
-    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, KeyError> {
-        self.tag(STRUCT);
-        Ok(self)
+    fn serialize_struct(
+        self,
+        name: &'static str,
+        _len: usize,
+    ) -> Result<StructHasher<'a>, KeyError> {
+        // A constant at every derived call site, so the test folds away.
+        let number = name == number::TOKEN;
+        if !number {
+            self.tag(STRUCT);
+        }
+        Ok(StructHasher { outer: self, number })
     }
     #[inline]
     fn serialize_struct_variant(
@@ -400,33 +423,58 @@ seq_like!(
     SerializeTupleVariant::serialize_field
 );
 
-macro_rules! struct_like {
-    ($($trait:ident),*) => {$(
-        impl ser::$trait for &mut PayloadHasher {
-            type Ok = ();
-            type Error = KeyError;
-            // Always: the field name is then a constant at its call site in
-            // the derived impl, and tag, length and name become a few stores.
-            #[inline(always)]
-            fn serialize_field<T: Serialize + ?Sized>(
-                &mut self,
-                key: &'static str,
-                value: &T,
-            ) -> Result<(), KeyError> {
-                // Tagged, so that a name can never be read as the END byte;
-                // tag, length and a short name are one write.
-                self.0.tagged_bytes(STR, key.as_bytes());
-                value.serialize(&mut **self)
-            }
-            #[inline]
-            fn end(self) -> Result<(), KeyError> {
-                self.tag(END);
-                Ok(())
-            }
-        }
-    )*};
+impl ser::SerializeStructVariant for &mut PayloadHasher {
+    type Ok = ();
+    type Error = KeyError;
+    // Always: the field name is then a constant at its call site in the
+    // derived impl, and tag, length and name become a few stores.
+    #[inline(always)]
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), KeyError> {
+        self.field(key, value)
+    }
+    #[inline]
+    fn end(self) -> Result<(), KeyError> {
+        self.tag(END);
+        Ok(())
+    }
 }
-struct_like!(SerializeStruct, SerializeStructVariant);
+
+/// A struct being encoded; `number` when it is serde_json's
+/// `arbitrary_precision` form of a number (see [`number`]), which encodes
+/// as the number it holds, with no struct around it.
+#[doc(hidden)]
+pub struct StructHasher<'a> {
+    outer: &'a mut PayloadHasher,
+    number: bool,
+}
+
+impl ser::SerializeStruct for StructHasher<'_> {
+    type Ok = ();
+    type Error = KeyError;
+    #[inline(always)]
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), KeyError> {
+        if self.number {
+            value.serialize(number::NumberText(self.outer))
+        } else {
+            self.outer.field(key, value)
+        }
+    }
+    #[inline]
+    fn end(self) -> Result<(), KeyError> {
+        if !self.number {
+            self.outer.tag(END);
+        }
+        Ok(())
+    }
+}
 
 /// Hashes each map entry on its own so that entry order does not matter.
 #[doc(hidden)]
