@@ -48,6 +48,12 @@ mod sink;
 /// commits to is a new version, so that a key persisted by one build never
 /// means another call to the next. Version 2 derives request and effect
 /// identities without the payload (version 1 hashed it into every key).
+///
+/// Within version 2, an integral float came to hash as the integer it
+/// equals (`2.0` as `2`). That needed no new version: no key came to mean
+/// another call (the key of `{"n": 2}` means the same number still); the
+/// key a `2.0` had is no longer derived, so a call in flight across that
+/// upgrade is not recognised by its retry.
 const FORMAT: &[u8] = b"vtk2";
 
 use std::fmt;

@@ -171,11 +171,17 @@ fn floats_chars_and_options_match_the_documented_encoding() {
         u64::MAX,
     );
     let mut bytes = vec![0x0E, 0x0E];
-    // f32 widened, -0.0 as 0.0, every NaN as the canonical one.
-    for f in [1.5f64, 0.0, 0.0, f64::NAN, -2.25] {
+    // f32 widened, every NaN as the canonical one; -0.0 and 0.0 are
+    // integral, so they are the integer 0.
+    let float = |bytes: &mut Vec<u8>, f: f64| {
         bytes.push(0x05);
         bytes.extend_from_slice(&f.to_bits().to_le_bytes());
-    }
+    };
+    float(&mut bytes, 1.5);
+    int(&mut bytes, 0);
+    int(&mut bytes, 0);
+    float(&mut bytes, f64::NAN);
+    float(&mut bytes, -2.25);
     bytes.push(0xFF);
     bytes.push(0x06);
     bytes.extend_from_slice(&0xE9u32.to_le_bytes());
@@ -185,6 +191,41 @@ fn floats_chars_and_options_match_the_documented_encoding() {
     bytes.extend_from_slice(&u128::from(u64::MAX).to_le_bytes());
     bytes.push(0xFF);
     assert_eq!(payload_digest(&payload).unwrap().as_u128(), xxh3_128(&bytes));
+}
+
+#[test]
+fn a_number_is_hashed_by_its_value_whatever_its_type_or_spelling() {
+    let same = |a: u128, b: u128, what: &str| assert_eq!(a, b, "{what}");
+    let digest = |p: &dyn erased_digest::Payload| p.digest();
+    let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+    same(digest(&1000u16), digest(&1000.0f64), "1000 and 1000.0");
+    same(digest(&json("1001")), digest(&json("1001.0")), "JSON 1001 and 1001.0");
+    same(digest(&json("1e3")), digest(&1000i64), "JSON 1e3 and 1000");
+    same(digest(&json("-0")), digest(&0u8), "JSON -0 and 0");
+    same(digest(&-7.0f32), digest(&-7i8), "-7.0f32 and -7");
+    same(digest(&(2f64.powi(64))), digest(&(1u128 << 64)), "2^64 as a float and an integer");
+    same(digest(&(-(2f64.powi(127)))), digest(&i128::MIN), "-2^127");
+    same(digest(&(2f64.powi(127))), digest(&(1u128 << 127)), "2^127");
+    // Not integral, or beyond every integer type: a float.
+    let mut float = vec![0x05];
+    float.extend_from_slice(&2f64.powi(128).to_bits().to_le_bytes());
+    same(digest(&2f64.powi(128)), xxh3_128(&float), "2^128 stays a float");
+    assert_ne!(digest(&1.5f64), digest(&1u8));
+    assert_ne!(digest(&json("1001.5")), digest(&json("1001")));
+    assert_ne!(digest(&f64::INFINITY), digest(&u128::MAX));
+}
+
+/// `payload_digest` for numbers of different types in one test.
+mod erased_digest {
+    pub trait Payload {
+        fn digest(&self) -> u128;
+    }
+
+    impl<T: serde::Serialize> Payload for T {
+        fn digest(&self) -> u128 {
+            verified_tools::key::payload_digest(self).unwrap().as_u128()
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -20,7 +20,8 @@
 //! | integer that fits i64 (any width, signed or not) | `02` ‖ i64 |
 //! | other integer that fits i128 (u64 above i64::MAX included) | `03` ‖ i128 |
 //! | u128 above i128::MAX | `04` ‖ u128 |
-//! | f32, f64 (f32 widened; -0.0 → 0.0; every NaN → the canonical NaN) | `05` ‖ f64 bits |
+//! | f32, f64 with an integral value (`-0.0` included) | as the integer it equals |
+//! | other f32, f64 (f32 widened; every NaN → the canonical NaN) | `05` ‖ f64 bits |
 //! | char | `06` ‖ u32 |
 //! | str | `07` ‖ str(s) |
 //! | bytes | `08` ‖ len(n) ‖ bytes |
@@ -263,13 +264,18 @@ impl<'a> ser::Serializer for &'a mut PayloadHasher {
     }
     #[inline]
     fn serialize_f64(self, v: f64) -> Result<(), KeyError> {
-        let canonical = if v.is_nan() {
-            f64::NAN
-        } else if v == 0.0 {
-            0.0
-        } else {
-            v
-        };
+        // A number is hashed by its value: JSON's `1000`, `1000.0` and `1e3`
+        // are one number, and a model that asks again may write any of them.
+        // `-0.0` is integral too, so it is the integer 0. The upper bound,
+        // 2^128, is excluded: `as u128` would saturate it to u128::MAX.
+        if v.fract() == 0.0 && (i128::MIN as f64..u128::MAX as f64).contains(&v) {
+            return if v < 0.0 {
+                self.serialize_i128(v as i128)
+            } else {
+                self.serialize_u128(v as u128)
+            };
+        }
+        let canonical = if v.is_nan() { f64::NAN } else { v };
         self.tagged(FLOAT, canonical.to_bits().to_le_bytes());
         Ok(())
     }
