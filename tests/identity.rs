@@ -471,3 +471,61 @@ async fn a_call_closed_by_a_check_and_in_doubt_again_is_checked_once() {
     let done = set.reconcile().await;
     assert_eq!((done.checked, done.in_doubt), (1, 1), "{done:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_failed_by_a_repeat_and_in_doubt_again_is_checked_once_per_pass() {
+    // Hangs while `hang`, refuses for good while `fail`; its verifier reads
+    // `Absent` unless `blind`.
+    #[derive(Default)]
+    struct Svc {
+        hang: AtomicBool,
+        fail: AtomicBool,
+        blind: AtomicBool,
+    }
+    #[derive(Debug, thiserror::Error)]
+    #[error("refused")]
+    struct Refused;
+    impl Classify for Refused {
+        fn classify(&self) -> ErrorClass {
+            ErrorClass::Definitive
+        }
+    }
+    #[verified_tool(side_effect = "high", verify = seen, skip(svc), timeout = "1s",
+                    settle = "1s", schema = true)]
+    async fn op(svc: &Svc, n: u64) -> Result<u64, Refused> {
+        if svc.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        match svc.fail.load(Ordering::SeqCst) {
+            true => Err(Refused),
+            false => Ok(n),
+        }
+    }
+    async fn seen(svc: &Svc, _: &u64) -> Verdict<u64> {
+        match svc.blind.load(Ordering::SeqCst) {
+            true => Verdict::Unknown,
+            false => Verdict::Absent,
+        }
+    }
+    let set = ToolSet::new(Svc::default()).with(op_tool()).with_checks(8);
+    let svc = set.state();
+    svc.hang.store(true, Ordering::SeqCst);
+    svc.blind.store(true, Ordering::SeqCst);
+    let x = set.call("op", &json!({"n": 1}), "x").await;
+    let k = set.call("op", &json!({"n": 2}), "k").await;
+    assert_eq!((x.status, k.status), (Status::Unknown, Status::Unknown));
+    // The model repeats k: seen absent, sent again, refused for good.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    svc.hang.store(false, Ordering::SeqCst);
+    svc.blind.store(false, Ordering::SeqCst);
+    svc.fail.store(true, Ordering::SeqCst);
+    let failed = set.call("op", &json!({"n": 2}), "k").await;
+    assert_eq!(failed.status, Status::Failed, "{failed:?}");
+    // Once more: the verifier cannot tell, and k is in doubt again.
+    svc.blind.store(true, Ordering::SeqCst);
+    let again = set.call("op", &json!({"n": 2}), "k").await;
+    assert_eq!((again.status, again.key), (Status::Unknown, k.key), "{again:?}");
+    assert_eq!(set.pending_checks(), 2);
+    let done = set.reconcile().await;
+    assert_eq!((done.checked, done.in_doubt), (2, 2), "two calls, each checked once: {done:?}");
+}

@@ -63,6 +63,18 @@ struct Inner {
     order: VecDeque<IdempotencyKey>,
 }
 
+impl Inner {
+    /// Removes a call from both the map and the order, so that `order`
+    /// holds each live key once: a key left behind there would be checked
+    /// twice per pass once the call is noted again, and would take a live
+    /// call's place at the cap.
+    fn forget(&mut self, key: IdempotencyKey) {
+        if self.calls.remove(&key).is_some() {
+            self.order.retain(|k| *k != key);
+        }
+    }
+}
+
 impl Pendings {
     pub(super) fn new(cap: usize) -> Self {
         Self { inner: Mutex::default(), cap: cap.max(1) }
@@ -88,25 +100,15 @@ impl Pendings {
                     inner.calls.remove(&oldest);
                 }
             }
-            Status::Success | Status::Failed => {
-                inner.calls.remove(&key);
-            }
+            Status::Success | Status::Failed => inner.forget(key),
             Status::Refused | Status::InvalidArguments | Status::NoSuchTool => {}
-        }
-        // Keys removed above leave stale entries in `order`: drop those at
-        // its front so it stays bounded by the live calls.
-        while inner.order.front().is_some_and(|k| !inner.calls.contains_key(k)) {
-            inner.order.pop_front();
         }
     }
 
     /// Forgets a call whose check settled it (a repeat of it that ends in
     /// doubt again is noted anew, once).
     pub(super) fn close(&self, key: IdempotencyKey) {
-        let mut inner = self.lock();
-        if inner.calls.remove(&key).is_some() {
-            inner.order.retain(|k| *k != key);
-        }
+        self.lock().forget(key);
     }
 
     pub(super) fn get(&self, key: IdempotencyKey) -> Option<Pending> {
@@ -115,8 +117,7 @@ impl Pendings {
 
     /// The keys to check, oldest first.
     pub(super) fn keys(&self) -> Vec<IdempotencyKey> {
-        let inner = self.lock();
-        inner.order.iter().filter(|k| inner.calls.contains_key(k)).copied().collect()
+        self.lock().order.iter().copied().collect()
     }
 
     pub(super) fn len(&self) -> usize {
