@@ -266,6 +266,75 @@ async fn a_check_without_a_ledger_is_not_not_applied_when_its_verifier_times_out
     assert!(!matches!(r, ToolResult::NotApplied { .. }), "{r:?}");
 }
 
+/// A call whose only attempt lands 2.5 s after it went out (the server may
+/// apply an attempt up to 3 s after its 1 s deadline), then a check of it
+/// at once, without a ledger: what was sent under the key, and when, is
+/// unknown, so the check's first `Absent` says nothing (it said
+/// `NotApplied`, and the effect landed after). Given the time an attempt
+/// sent now would take to settle, the same check can prove the effect absent.
+#[tokio::test(start_paused = true)]
+async fn a_check_without_a_record_believes_absent_only_once_any_attempt_has_settled() {
+    let policy = |call_timeout| {
+        RetryPolicy::for_class(SideEffect::High)
+            .with_attempt_timeout(Some(Duration::from_secs(1)))
+            .with_call_timeout(call_timeout)
+            .with_settle(Some(Duration::from_secs(3)))
+            .with_verify(VerifyBudget::new(1, Duration::from_millis(10)))
+    };
+    let cx = Context::new("a")
+        .without_ledger()
+        .with_policy(SideEffect::High, policy(Duration::from_secs(2)));
+    let effects = Arc::new(AtomicU32::new(0));
+    let verify = |_k| {
+        let n = effects.load(Ordering::SeqCst);
+        async move { if n == 0 { Verdict::Absent } else { Verdict::Holds(n) } }
+    };
+    let call: Out = engine::call(
+        &cx,
+        &HIGH,
+        &(1u8,),
+        &(1u8,),
+        |_a| {
+            let effects = effects.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                effects.fetch_add(1, Ordering::SeqCst);
+            });
+            std::future::pending::<Result<u32, io::Error>>()
+        },
+        Some(verify),
+        Codec::serde(),
+    )
+    .await;
+    assert!(matches!(call, ToolResult::Unknown { .. }), "{call:?}");
+    let check = |cx: Context| async move {
+        let sent = |_a| async { Ok::<u32, io::Error>(99) };
+        let r: Out = engine::call(
+            &cx.for_check(),
+            &HIGH,
+            &(1u8,),
+            &(1u8,),
+            sent,
+            Some(verify),
+            Codec::serde(),
+        )
+        .await;
+        r
+    };
+    let early = check(cx.clone()).await;
+    assert!(!matches!(early, ToolResult::NotApplied { .. }), "{early:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect landed after the check");
+    // A verifier that never sees it, and a check long enough to wait out
+    // an attempt sent at its start: absent, proven.
+    let never = |_k| async { Verdict::<u32>::Absent };
+    let cx = cx.with_policy(SideEffect::High, policy(Duration::from_secs(10))).for_check();
+    let sent = |_a| async { Ok::<u32, io::Error>(99) };
+    let late: Out =
+        engine::call(&cx, &HIGH, &(2u8,), &(2u8,), sent, Some(never), Codec::serde()).await;
+    assert!(matches!(late, ToolResult::NotApplied { .. }), "{late:?}");
+}
+
 static PLAIN: ToolSpec = ToolSpec::new("plain", SideEffect::Low);
 
 /// A check of a tool without a verifier, on a record in doubt: the reason

@@ -34,6 +34,14 @@ impl<'a, X: Tool> Call<'a, X> {
                 }
             }
         }
+        if after == Event::Unrecorded {
+            // A check with no record (no ledger, or a tolerated outage):
+            // when the call's attempts went out is unknown, and one may be
+            // out now. Any of them settles by the time one sent now would;
+            // an `Absent` before then says nothing.
+            let now = self.timeline.at(self.now());
+            self.timeline.dispatched(self.timeline.attempt(now));
+        }
         // An early `Absent` of an earlier round said nothing of the attempts
         // sent since.
         self.absent_seen = false;
