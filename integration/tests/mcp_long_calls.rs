@@ -7,7 +7,7 @@
 //! sent after the cancel, the key is left in doubt, and the re-send of the
 //! same call checks before it sends.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use verified_tools::audit::MemoryAudit;
 use verified_tools::ledger::{Ledger, MemoryLedger, RecordState};
 use verified_tools::mcp::{McpServer, TOOL_CALL_ID_META, serve_lines};
-use verified_tools::toolset::ToolSet;
+use verified_tools::toolset::{Status, ToolSet};
 use verified_tools::{Classify, Context, ErrorClass, Verdict, verified_tool};
 
 /// How the bank treats the first attempt that reaches it.
@@ -40,6 +40,8 @@ struct Bank {
     first: First,
     /// Requests that reached the bank.
     attempts: AtomicU32,
+    /// While set, the verifier cannot read the bank.
+    blind: AtomicBool,
     charged: Mutex<Vec<u64>>,
     arrived: Notify,
     release: Notify,
@@ -50,6 +52,7 @@ impl Bank {
         Self {
             first,
             attempts: AtomicU32::new(0),
+            blind: AtomicBool::new(false),
             charged: Mutex::default(),
             arrived: Notify::new(),
             release: Notify::new(),
@@ -100,6 +103,9 @@ async fn charge(bank: &Bank, order: u64) -> Result<u64, Unreachable> {
 
 /// Is the order charged?
 async fn charged(bank: &Bank, order: &u64) -> Verdict<u64> {
+    if bank.blind.load(Ordering::SeqCst) {
+        return Verdict::Unknown;
+    }
     bank.charged.lock().unwrap().contains(order).then_some(*order).into()
 }
 
@@ -160,7 +166,8 @@ async fn fixture(first: First) -> Fixture {
     let ledger = Arc::new(MemoryLedger::new());
     let audit = Arc::new(MemoryAudit::new());
     let cx = Context::new("mcp-server").with_ledger(ledger.clone()).with_audit(audit.clone());
-    let bank = Arc::new(ToolSet::new(Bank::new(first)).with(charge_tool()).with_context(cx));
+    let set = ToolSet::new(Bank::new(first)).with(charge_tool()).with_checks(8);
+    let bank = Arc::new(set.with_context(cx));
     let server = McpServer::shared(Arc::clone(&bank));
     let (server_io, client_io) = tokio::io::duplex(1 << 16);
     tokio::spawn(async move {
@@ -273,6 +280,33 @@ async fn nothing_is_sent_after_a_cancel_and_the_key_is_left_in_doubt() {
     assert_eq!((f.bank.state().attempts(), f.bank.state().charges()), (2, 1));
     let progress = f.watcher.of(&token);
     assert!(messages(&progress)[0].starts_with("an earlier request of this call"), "{progress:?}");
+    f.client.cancel().await.expect("the client closes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_cancelled_with_its_attempt_out_is_checked_later_on_the_sets_ledger() {
+    let f = fixture(First::Lost).await;
+    f.bank.state().blind.store(true, Ordering::SeqCst);
+    let first = send(&f.client, 4, "call_4").await;
+    f.bank.state().arrived.notified().await;
+    first.cancel(None).await.expect("cancelled");
+    // The attempt out is seen to its end, the verifier cannot tell: the
+    // call ends in doubt and is kept for checking.
+    let kept = async {
+        while f.bank.pending_checks() == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), kept).await.expect("kept within a minute");
+    f.bank.state().blind.store(false, Ordering::SeqCst);
+    // The check reads the bank on the set's own ledger: the cancelled
+    // request's ledger gate, closed by the cancel, is not part of it (the
+    // check parked on it until its deadline, and was refused).
+    let key = f.audit.events()[0].key.expect("the call's key");
+    let checked = f.bank.check(key).await.expect("kept for checking");
+    assert_eq!(checked.status, Status::NotApplied, "{checked:?}");
+    assert_eq!((f.bank.state().attempts(), f.bank.state().charges()), (1, 0), "nothing sent");
+    assert_eq!(f.bank.pending_checks(), 0, "the check settled it");
     f.client.cancel().await.expect("the client closes");
 }
 

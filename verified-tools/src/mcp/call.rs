@@ -75,8 +75,8 @@ impl<S: Send + Sync + 'static> McpServer<S> {
             None => self.set.call_in(&cx, name, &arguments).await,
             Some(context) => {
                 let spec = self.set.get(name).map(|t| t.spec());
-                let (cx, call) = LongCall::watch(cx, spec, context);
-                match call.drive(self.set.call_in(&cx, name, &arguments)).await {
+                let (watched, call) = LongCall::watch(cx.clone(), spec, context);
+                match call.drive(self.set.call_kept_as(&watched, &cx, name, &arguments)).await {
                     Some(outcome) => outcome,
                     // rmcp sends no answer to a cancelled request.
                     None => return Err(ErrorData::internal_error(CANCELLED, None)),

@@ -330,6 +330,20 @@ impl<S: Sync> ToolSet<S> {
     /// durable step scope, an explicit key, another ledger). With
     /// [`with_checks`](Self::with_checks), `name` may be [`CHECK_TOOL`].
     pub async fn call_in(&self, cx: &Context, name: &str, arguments: &Value) -> ToolOutcome {
+        self.call_kept_as(cx, cx, name, arguments).await
+    }
+
+    /// [`call_in`](Self::call_in) with `cx`, a call kept for checking in
+    /// `kept`: the same context without what lives only as long as the
+    /// request that made the call (an MCP request's ledger gate, closed when
+    /// its client cancels, would park every later check).
+    pub(crate) async fn call_kept_as(
+        &self,
+        cx: &Context,
+        kept: &Context,
+        name: &str,
+        arguments: &Value,
+    ) -> ToolOutcome {
         if self.checks.is_some() && name == CHECK_TOOL {
             return self.check_call(arguments).await;
         }
@@ -337,7 +351,7 @@ impl<S: Sync> ToolSet<S> {
         let outcome = tool.call(cx, &self.state, arguments).await;
         if let Some(checks) = &self.checks {
             let pending =
-                || Pending { tool: tool.name, arguments: arguments.clone(), context: cx.clone() };
+                || Pending { tool: tool.name, arguments: arguments.clone(), context: kept.clone() };
             checks.note(&outcome, pending);
         }
         outcome
