@@ -246,6 +246,7 @@ impl Context {
     /// call was made with. A time-scoped call's key commits to the bucket
     /// its call was made in, so deriving it again later would name another
     /// call: such a check claims `key` itself.
+    #[cfg(feature = "schema")]
     pub(crate) fn checking(&self, key: IdempotencyKey) -> Self {
         Self { check: true, checked_key: Some(key), ..self.clone() }
     }
