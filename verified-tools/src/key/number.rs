@@ -7,7 +7,13 @@
 //! its text; without it, a `u64`, an `i64` or an `f64`. A key must not
 //! depend on which crates a user happens to link, so the text is read back
 //! into the value serde_json's parser would have produced without the
-//! feature, and encoded as that.
+//! feature, and encoded as that, unless the feature keeps more than an
+//! `f64` could: then the exact decimal is encoded, so that two values the
+//! tool can tell apart never share a key.
+//!
+//! One difference stays: serde_json without its `float_roundtrip` feature
+//! may read a long decimal as a neighbouring `f64`, which then hashes as
+//! that `f64` (or as the integer it equals) where the exact text would not.
 
 use serde::ser::{self, Impossible, Serializer};
 
@@ -16,24 +22,80 @@ use super::payload::{KeyError, PayloadHasher};
 /// The struct and field name serde_json gives a number's text.
 pub(super) const TOKEN: &str = "$serde_json::private::Number";
 
-/// Encodes a number's text as serde_json without `arbitrary_precision`
-/// would hand it over: an integer that fits `u64` (or a negative one that
-/// fits `i64`) as that integer, anything else (`1.0`, `1e3`, `-0`, an integer
-/// too large) as the nearest `f64`.
+/// Encodes a number's text by its exact value, as the tool that receives
+/// it sees it: an integer (up to `u128`, or down to `i128::MIN`) as that
+/// integer; a number whose text is an `f64`'s shortest decimal (what
+/// serde_json without the feature would hand over) as that `f64`; any other
+/// as its exact decimal, so that two numbers that round to one `f64` are
+/// still two.
 fn encode(hasher: &mut PayloadHasher, text: &str) -> Result<(), KeyError> {
-    if !text.contains(['.', 'e', 'E']) {
-        if text.starts_with('-') {
-            // serde_json reads `-0` as the float -0.0, not the integer 0.
-            if let Ok(negative @ ..0) = text.parse::<i64>() {
-                return hasher.serialize_i64(negative);
-            }
-        } else if let Ok(natural) = text.parse::<u64>() {
-            return hasher.serialize_u64(natural);
-        }
+    let Some(exact) = Decimal::parse(text) else {
+        return Err(ser::Error::custom(format_args!("`{text}` is not a JSON number")));
+    };
+    match exact.integer() {
+        Some(Ok(natural)) => return hasher.serialize_u128(natural),
+        Some(Err(negative)) => return hasher.serialize_i128(negative),
+        None => {}
     }
-    match text.parse::<f64>() {
-        Ok(float) if float.is_finite() => hasher.serialize_f64(float),
-        _ => Err(ser::Error::custom(format_args!("`{text}` is not a JSON number"))),
+    if let Ok(float) = text.parse::<f64>()
+        && float.is_finite()
+        && Decimal::parse(&format!("{float:e}")).as_ref() == Some(&exact)
+    {
+        return hasher.serialize_f64(float);
+    }
+    hasher.decimal(exact.negative, &exact.digits, exact.exponent);
+    Ok(())
+}
+
+/// A JSON number's exact value: `±digits × 10^exponent`, with no leading
+/// or trailing zero in `digits` (empty for zero, which is never negative).
+#[derive(Debug, PartialEq, Eq)]
+struct Decimal {
+    negative: bool,
+    digits: String,
+    exponent: i64,
+}
+
+impl Decimal {
+    /// The value of a number in JSON's grammar (and Rust's `{:e}`), or
+    /// `None` for anything else.
+    fn parse(text: &str) -> Option<Self> {
+        let (negative, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (mantissa, exponent) = match rest.split_once(['e', 'E']) {
+            Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().ok()?),
+            None => (rest, 0),
+        };
+        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || !digits(whole) || !digits(fraction) || mantissa.ends_with('.') {
+            return None;
+        }
+        let all = format!("{whole}{fraction}");
+        let significant = all.trim_start_matches('0');
+        let trimmed = significant.trim_end_matches('0');
+        let shift = i64::try_from(fraction.len()).ok()?;
+        let dropped = i64::try_from(significant.len() - trimmed.len()).ok()?;
+        if trimmed.is_empty() {
+            return Some(Self { negative: false, digits: String::new(), exponent: 0 });
+        }
+        let exponent = exponent.checked_sub(shift)?.checked_add(dropped)?;
+        Some(Self { negative, digits: trimmed.to_owned(), exponent })
+    }
+
+    /// The value as an integer, if it is one that fits: `Ok` for zero and
+    /// above, `Err` below.
+    fn integer(&self) -> Option<Result<u128, i128>> {
+        let exponent = u32::try_from(self.exponent).ok()?;
+        let mut value =
+            if self.digits.is_empty() { 0 } else { self.digits.parse::<u128>().ok()? };
+        value = value.checked_mul(10u128.checked_pow(exponent)?)?;
+        match self.negative {
+            false => Some(Ok(value)),
+            true => Some(Err(0i128.checked_sub_unsigned(value)?)),
+        }
     }
 }
 
@@ -155,7 +217,9 @@ mod tests {
             "18446744073709551615",
             "18446744073709551616",
             "-9223372036854775808",
-            "-9223372036854775809",
+            "0.1",
+            "-2.5e-300",
+            "1e40",
         ];
         for text in texts {
             let parsed: Value = serde_json::from_str(text).unwrap();
@@ -165,6 +229,50 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    fn digest(text: &'static str) -> u128 {
+        payload_digest(&AsArbitraryPrecision(text)).unwrap().as_u128()
+    }
+
+    #[test]
+    fn two_values_that_round_to_one_f64_keep_two_keys() {
+        let pairs = [
+            ("1.000000000000000001", "1"),
+            ("18446744073709551617", "18446744073709551616"),
+            ("-9223372036854775809", "-9223372036854775808"),
+            ("0.123456789012345679", "0.12345678901234568"),
+            ("0.1000000000000000055511151231257827", "0.1"),
+        ];
+        for (one, other) in pairs {
+            assert_ne!(digest(one), digest(other), "{one} and {other}");
+        }
+    }
+
+    #[test]
+    fn one_value_spelled_differently_has_one_key() {
+        let spellings: [&[&'static str]; 4] = [
+            &["1.50", "1.5", "15e-1", "0.15E1", "0.0015e+3"],
+            &["100", "1e2", "1.00e2", "100.0", "10000e-2"],
+            &["1.000000000000000001", "1000000000000000001e-18", "0.1000000000000000001e1"],
+            &["0", "-0", "0.000", "0e7", "-0.0e-3"],
+        ];
+        for texts in spellings {
+            for text in &texts[1..] {
+                assert_eq!(digest(texts[0]), digest(text), "{} and {text}", texts[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn an_exact_decimal_is_encoded_as_documented() {
+        // 13 ‖ str(digits) ‖ negative ‖ i64 exponent, in the hasher's
+        // xxh3-128 with no framing around a lone payload.
+        let mut bytes = vec![0x13, 19];
+        bytes.extend_from_slice(b"1000000000000000001");
+        bytes.push(1);
+        bytes.extend_from_slice(&(-18i64).to_le_bytes());
+        assert_eq!(digest("-1.000000000000000001"), xxhash_rust::xxh3::xxh3_128(&bytes));
     }
 
     #[test]
@@ -179,6 +287,8 @@ mod tests {
         }
         let error: KeyError = payload_digest(&Impostor).unwrap_err();
         assert!(error.to_string().contains("holds no number text"), "{error}");
-        assert!(payload_digest(&AsArbitraryPrecision("1x")).is_err());
+        for text in ["1x", "", "-", "1.", ".5", "1e", "--1", "1e99999999999999999999"] {
+            assert!(payload_digest(&AsArbitraryPrecision(text)).is_err(), "{text}");
+        }
     }
 }

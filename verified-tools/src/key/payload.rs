@@ -35,6 +35,7 @@
 //! | map | `10` ‖ len(entries) ‖ Σ xxh3_128(key ‖ value) over entries (wrapping u128, LE) |
 //! | struct | `11` ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
 //! | struct variant | `12` ‖ str(variant) ‖ (`07` ‖ str(field) ‖ value)* ‖ `FF` |
+//! | exact decimal (below) | `13` ‖ str(digits) ‖ 0 or 1 (negative) ‖ i64 exponent |
 //!
 //! A field name is tagged like a string value, so it can never be read as
 //! the `FF` that ends the struct. Integers stay fixed-width: writing them is
@@ -51,7 +52,10 @@
 //! A `serde_json::Number` encodes as the integer or float it is, whether or
 //! not a crate in the build turns on serde_json's `arbitrary_precision`
 //! (which makes a number serialize as a private struct holding its text):
-//! the text is read back as serde_json without the feature would read it.
+//! the text is read back as serde_json without the feature would read it. A
+//! number the feature keeps more exactly than an integer or an `f64` can
+//! (`1.000000000000000001`) is its exact decimal: `digits × 10^exponent`,
+//! `digits` with no leading or trailing zero.
 
 use serde::Serialize;
 use serde::ser;
@@ -77,6 +81,7 @@ const TUPLE_VARIANT: u8 = 0x0F;
 const MAP: u8 = 0x10;
 const STRUCT: u8 = 0x11;
 const STRUCT_VARIANT: u8 = 0x12;
+const DECIMAL: u8 = 0x13;
 const END: u8 = 0xFF;
 
 /// The xxh3-128 digest of a payload's canonical encoding.
@@ -184,6 +189,13 @@ impl PayloadHasher {
     fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), KeyError> {
         self.0.tagged_bytes(STR, key.as_bytes());
         value.serialize(self)
+    }
+
+    /// An exact decimal `±digits × 10^exponent` (see [`number`]).
+    pub(super) fn decimal(&mut self, negative: bool, digits: &str, exponent: i64) {
+        self.0.tagged_bytes(DECIMAL, digits.as_bytes());
+        self.0.byte(negative.into());
+        self.0.update(&exponent.to_le_bytes());
     }
 
     #[inline(always)]
