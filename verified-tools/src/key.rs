@@ -50,10 +50,17 @@ mod sink;
 /// identities without the payload (version 1 hashed it into every key).
 ///
 /// Within version 2, an integral float came to hash as the integer it
-/// equals (`2.0` as `2`). That needed no new version: no key came to mean
-/// another call (the key of `{"n": 2}` means the same number still); the
-/// key a `2.0` had is no longer derived, so a call in flight across that
-/// upgrade is not recognised by its retry.
+/// equals (`2.0` as `2`). No key came to mean another call (the key of
+/// `{"n": 2}` means the same number still), so the version stayed: a new
+/// version would have made every record unreachable, and a step completed
+/// before the upgrade would run again after it. For a payload with an
+/// integral float, recorded before that upgrade: a key that commits to the
+/// payload (a time bucket, an MCP session window, an effect identity) is no
+/// longer derived, so a retry across the upgrade is another call; a key
+/// that does not (a step, a tool-call id, an explicit key) is found with
+/// another payload fingerprint and refused as reused
+/// ([`CallError::KeyReuse`](crate::CallError::KeyReuse)), never replayed
+/// nor sent again, until a person resolves the record.
 const FORMAT: &[u8] = b"vtk2";
 
 use std::fmt;
