@@ -9,12 +9,25 @@ use std::time::Duration;
 
 use verified_tools::ledger::{Codec, Ledger, MemoryLedger, Resolution};
 use verified_tools::{
-    Context, RetryPolicy, SideEffect, ToolResult, ToolSpec, Verdict, VerifyBudget, engine,
+    Context, IdempotencyKey, RetryPolicy, SideEffect, ToolResult, ToolSpec, Verdict, VerifyBudget,
+    engine,
 };
 
 static HIGH: ToolSpec = ToolSpec::new("send", SideEffect::High).with_verifier();
 
 type Out = ToolResult<u32, io::Error>;
+
+/// `send (1)` on `cx`, with `dispatch` and `verify`: the call these tests
+/// make.
+async fn send<D, DF, V, VF>(cx: &Context, dispatch: D, verify: V) -> Out
+where
+    D: FnMut(engine::Attempt) -> DF,
+    DF: Future<Output = Result<u32, io::Error>>,
+    V: FnMut(IdempotencyKey) -> VF,
+    VF: Future<Output = Verdict<u32>>,
+{
+    engine::call(cx, &HIGH, &(1u8,), &(1u8,), dispatch, Some(verify), Codec::serde()).await
+}
 
 fn policy() -> RetryPolicy {
     RetryPolicy::for_class(SideEffect::High)
@@ -32,14 +45,10 @@ async fn a_completed_call_is_not_reported_not_applied_when_the_deadline_strikes(
     let ledger = Arc::new(MemoryLedger::new());
     let cx = Context::new("a").with_ledger(ledger.clone()).with_policy(SideEffect::High, policy());
     // 1. The first call: the attempt times out, the verifier cannot tell.
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Err(io::ErrorKind::TimedOut.into()) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
+        |_k| async { Verdict::Unknown },
     )
     .await;
     assert!(matches!(r, ToolResult::Unknown { .. }), "{r:?}");
@@ -50,20 +59,16 @@ async fn a_completed_call_is_not_reported_not_applied_when_the_deadline_strikes(
     // attempt timeout bounds the read, only the call's deadline).
     let cx = cx.with_policy(SideEffect::High, policy().with_attempt_timeout(None));
     let sent = AtomicU32::new(0);
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| {
             sent.fetch_add(1, Ordering::SeqCst);
             async { Ok(1) }
         },
-        Some(|_k| async {
+        |_k| async {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Verdict::Unknown
-        }),
-        Codec::serde(),
+        },
     )
     .await;
     assert_eq!(sent.load(Ordering::SeqCst), 0);
@@ -77,28 +82,15 @@ async fn a_completed_call_is_not_reported_not_applied_when_reads_outlast_the_dea
     let ledger = Arc::new(MemoryLedger::new());
     let p = policy().with_verify(VerifyBudget::new(10, Duration::from_millis(300)));
     let cx = Context::new("a").with_ledger(ledger.clone()).with_policy(SideEffect::High, p);
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Err(io::ErrorKind::TimedOut.into()) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
+        |_k| async { Verdict::Unknown },
     )
     .await;
     let key = r.key().unwrap();
     ledger.resolve(key, Resolution::Applied).await.unwrap();
-    let r: Out = engine::call(
-        &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
-        |_a| async { Ok(1) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
-    )
-    .await;
+    let r: Out = send(&cx, |_a| async { Ok(1) }, |_k| async { Verdict::Unknown }).await;
     assert!(!matches!(r, ToolResult::NotApplied { .. }), "the ledger says completed, got {r:?}");
 }
 
@@ -114,25 +106,18 @@ async fn the_first_attempt_after_a_resume_gets_its_whole_timeout() {
         .with_call_timeout(Duration::from_secs(30))
         .with_verify(VerifyBudget::new(3, Duration::from_secs(2)));
     let cx = Context::new("a").with_ledger(ledger.clone()).with_policy(SideEffect::High, p);
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Err(io::ErrorKind::TimedOut.into()) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
+        |_k| async { Verdict::Unknown },
     )
     .await;
     let key = r.key().unwrap();
     ledger.resolve(key, Resolution::NotApplied).await.unwrap();
     let reads = AtomicU32::new(0);
     let remaining = std::sync::Mutex::new(Vec::new());
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |a| {
             remaining.lock().unwrap().push((a.number, a.deadline.remaining()));
             async {
@@ -140,7 +125,7 @@ async fn the_first_attempt_after_a_resume_gets_its_whole_timeout() {
                 Ok(1)
             }
         },
-        Some(|_k| {
+        |_k| {
             let n = reads.fetch_add(1, Ordering::SeqCst);
             async move {
                 if n == 0 {
@@ -151,8 +136,7 @@ async fn the_first_attempt_after_a_resume_gets_its_whole_timeout() {
                     Verdict::Holds(1)
                 }
             }
-        }),
-        Codec::serde(),
+        },
     )
     .await;
     let remaining = remaining.lock().unwrap().clone();
@@ -178,14 +162,10 @@ async fn a_resumed_call_never_retries_while_its_first_attempt_may_still_land() {
         .with_verify_response(false)
         .with_verify(VerifyBudget::new(3, Duration::from_secs(2)));
     let cx = Context::new("a").with_ledger(ledger.clone()).with_policy(SideEffect::High, p);
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Err(io::ErrorKind::TimedOut.into()) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
+        |_k| async { Verdict::Unknown },
     )
     .await;
     let key = r.key().unwrap();
@@ -193,11 +173,8 @@ async fn a_resumed_call_never_retries_while_its_first_attempt_may_still_land() {
     // The service: a request lands 300 ms after it is sent; its answer is lost.
     let effects = Arc::new(AtomicU32::new(0));
     let reads = AtomicU32::new(0);
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| {
             let effects = effects.clone();
             tokio::spawn(async move {
@@ -206,7 +183,7 @@ async fn a_resumed_call_never_retries_while_its_first_attempt_may_still_land() {
             });
             std::future::pending::<Result<u32, io::Error>>()
         },
-        Some(|_k| {
+        |_k| {
             let first = reads.fetch_add(1, Ordering::SeqCst) == 0;
             let applied = effects.load(Ordering::SeqCst);
             async move {
@@ -216,8 +193,7 @@ async fn a_resumed_call_never_retries_while_its_first_attempt_may_still_land() {
                     (false, n) => Verdict::Holds(n),
                 }
             }
-        }),
-        Codec::serde(),
+        },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -238,30 +214,17 @@ async fn a_check_without_a_ledger_is_not_not_applied_when_its_verifier_times_out
         .without_ledger()
         .with_policy(SideEffect::High, policy().with_attempt_timeout(None))
         .for_check();
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Ok(1) },
-        Some(|_k| async {
+        |_k| async {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Verdict::Unknown
-        }),
-        Codec::serde(),
+        },
     )
     .await;
     // Control: the same check whose verifier answers Unknown at once.
-    let control: Out = engine::call(
-        &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
-        |_a| async { Ok(1) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
-    )
-    .await;
+    let control: Out = send(&cx, |_a| async { Ok(1) }, |_k| async { Verdict::Unknown }).await;
     println!("slow verifier: {r:?}\nUnknown verifier: {control:?}");
     assert!(!matches!(r, ToolResult::NotApplied { .. }), "{r:?}");
 }
@@ -290,11 +253,8 @@ async fn a_check_without_a_record_believes_absent_only_once_any_attempt_has_sett
         let n = effects.load(Ordering::SeqCst);
         async move { if n == 0 { Verdict::Absent } else { Verdict::Holds(n) } }
     };
-    let call: Out = engine::call(
+    let call: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| {
             let effects = effects.clone();
             tokio::spawn(async move {
@@ -303,23 +263,13 @@ async fn a_check_without_a_record_believes_absent_only_once_any_attempt_has_sett
             });
             std::future::pending::<Result<u32, io::Error>>()
         },
-        Some(verify),
-        Codec::serde(),
+        verify,
     )
     .await;
     assert!(matches!(call, ToolResult::Unknown { .. }), "{call:?}");
     let check = |cx: Context| async move {
         let sent = |_a| async { Ok::<u32, io::Error>(99) };
-        let r: Out = engine::call(
-            &cx.for_check(),
-            &HIGH,
-            &(1u8,),
-            &(1u8,),
-            sent,
-            Some(verify),
-            Codec::serde(),
-        )
-        .await;
+        let r: Out = send(&cx.for_check(), sent, verify).await;
         r
     };
     let early = check(cx.clone()).await;
@@ -391,22 +341,18 @@ async fn an_early_absent_of_an_earlier_round_is_not_the_reason_of_the_last() {
     let cx = Context::new("a").with_policy(SideEffect::High, p);
     let sent = Arc::new(AtomicU32::new(0));
     let log = std::sync::Mutex::new(Vec::new());
-    let r: Out = engine::call(
+    let r: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| {
             sent.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<Result<u32, io::Error>>()
         },
-        Some(|_k| {
+        |_k| {
             let v =
                 if sent.load(Ordering::SeqCst) < 2 { Verdict::Absent } else { Verdict::Unknown };
             log.lock().unwrap().push((sent.load(Ordering::SeqCst), v.kind()));
             async move { v }
-        }),
-        Codec::serde(),
+        },
     )
     .await;
     println!("reads (attempts sent, verdict): {:?}\nresult: {r:?}", log.lock().unwrap());
@@ -436,28 +382,15 @@ async fn every_event_of_a_call_names_the_key_of_its_result() {
         .with_clock(clock)
         .with_policy(SideEffect::High, policy())
         .with_audit(audit.clone());
-    let first: Out = engine::call(
+    let first: Out = send(
         &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
         |_a| async { Err(io::ErrorKind::TimedOut.into()) },
-        Some(|_k| async { Verdict::Unknown }),
-        Codec::serde(),
+        |_k| async { Verdict::Unknown },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = audit.events().len();
-    let repeat: Out = engine::call(
-        &cx,
-        &HIGH,
-        &(1u8,),
-        &(1u8,),
-        |_a| async { Ok(1) },
-        Some(|_k| async { Verdict::Holds(1) }),
-        Codec::serde(),
-    )
-    .await;
+    let repeat: Out = send(&cx, |_a| async { Ok(1) }, |_k| async { Verdict::Holds(1) }).await;
     assert_eq!(first.key(), repeat.key(), "the repeat is the same logical call");
     let keys: Vec<_> = audit.events()[before..].iter().map(|e| (e.key, e.json.clone())).collect();
     for (k, json) in &keys {
