@@ -14,6 +14,7 @@ use serde_json::Value;
 #[cfg(doc)]
 use super::Authenticate;
 use super::long_call::LongCall;
+use super::wire::MAX_IDEMPOTENCY_KEY_BYTES;
 use super::{IDEMPOTENCY_KEY_META, McpServer, Principal, TOOL_CALL_ID_META};
 use crate::KeyScope;
 use crate::toolset::ToolOutcome;
@@ -63,8 +64,8 @@ impl<S: Send + Sync + 'static> McpServer<S> {
         }
         let window = self.set.get(name).and_then(|t| t.spec().bucket);
         let scope = scope(
-            meta_str(meta, IDEMPOTENCY_KEY_META),
-            meta_str(meta, TOOL_CALL_ID_META),
+            meta_str(meta, IDEMPOTENCY_KEY_META)?,
+            meta_str(meta, TOOL_CALL_ID_META)?,
             principal,
             &self.session,
             window.unwrap_or(DEFAULT_WINDOW),
@@ -125,8 +126,26 @@ fn escaped(principal: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Option<&'m str> {
-    meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+/// An identity a client gave in `_meta`: absent (or `null`), or a
+/// non-empty string of at most [`MAX_IDEMPOTENCY_KEY_BYTES`]. Anything else
+/// is refused, not ignored: the client meant to name the call, and keyed by
+/// its session's window instead, a repeat after the window would be done
+/// again.
+fn meta_str<'m>(meta: &'m RequestMetaObject, key: &str) -> Result<Option<&'m str>, ErrorData> {
+    let problem = match meta.get(key) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_IDEMPOTENCY_KEY_BYTES => {
+            return Ok(Some(s));
+        }
+        Some(Value::String(s)) if s.is_empty() => "empty".to_owned(),
+        Some(Value::String(s)) => format!("{} bytes long", s.len()),
+        Some(other) => format!("not a string: {other}"),
+    };
+    let message = format!(
+        "`_meta[\"{key}\"]` names this call and must be a non-empty string of at most \
+         {MAX_IDEMPOTENCY_KEY_BYTES} bytes; it is {problem}"
+    );
+    Err(ErrorData::invalid_params(message, None))
 }
 
 fn to_json(outcome: &ToolOutcome) -> Value {
@@ -153,6 +172,27 @@ mod tests {
         ];
         for (one, other) in pairs {
             assert_ne!(one, other);
+        }
+    }
+
+    #[test]
+    fn an_identity_in_meta_is_a_non_empty_string_or_refused() {
+        let meta = |value: Value| {
+            let map: serde_json::Map<String, Value> =
+                [(TOOL_CALL_ID_META.to_owned(), value)].into_iter().collect();
+            RequestMetaObject::from(map)
+        };
+        let of =
+            |value: Value| meta_str(&meta(value), TOOL_CALL_ID_META).map(|s| s.map(str::to_owned));
+        assert_eq!(of(Value::from("call_1")).unwrap(), Some("call_1".to_owned()));
+        assert_eq!(of(Value::Null).unwrap(), None);
+        assert_eq!(meta_str(&RequestMetaObject::default(), TOOL_CALL_ID_META).unwrap(), None);
+        let long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1);
+        for bad in
+            [Value::from(42), Value::from(""), serde_json::json!({"id": 1}), Value::from(long)]
+        {
+            let error = of(bad.clone()).unwrap_err();
+            assert!(error.message.contains(TOOL_CALL_ID_META), "{bad}: {}", error.message);
         }
     }
 

@@ -26,6 +26,10 @@
 //! | `_meta` [`TOOL_CALL_ID_META`] (`"verified-tools/tool_call_id"`) | that id, for this principal | likewise |
 //! | nothing | the tool and its arguments, within this session, for one bucket (5 minutes, or the tool's `bucket`) | within the bucket: the same call (a cancel-and-re-send waits for an attempt still out and gets its outcome, or checks first: see [long calls](#long-calls-progress-and-cancellation)); later, or from another session: a new call |
 //!
+//! An identity in `_meta` that is not a non-empty string of at most 255
+//! bytes is refused (`-32602`), not ignored: keyed by the window instead, a
+//! repeat after it would be done again.
+//!
 //! Two sessions never share a call unless a business key or an
 //! idempotency key says so. A replayed outcome says it was replayed
 //! (`proof: "ledger"` and an instruction saying how to do it again on
