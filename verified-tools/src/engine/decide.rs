@@ -136,10 +136,12 @@ impl Rules {
         }
         // A check reads and records; wherever a call would send, it stops
         // with what it knows.
-        // Without a record (none could be read, or the ledger has none: the
-        // call may have gone out in an outage, or on another ledger), what
-        // was sent under the key is unknown: only the verifier can settle it.
-        if matches!(event, Event::Unrecorded | Event::Claimed) {
+        // Without a record, what was sent under the key is unknown: only
+        // the verifier can settle it. A ledger that has none (`Claimed`)
+        // knows: every attempt is recorded before it goes out. The one
+        // exception, a low-risk call sent while the ledger was unreachable,
+        // is what `LedgerOutage::ProceedLowRisk` accepts.
+        if event == Event::Unrecorded {
             facts.in_doubt = true;
         }
         // With no verifier to read, a check of a call in doubt ends as a
@@ -392,7 +394,7 @@ mod tests {
                 assert!(matches!(next, Next::Verify | Next::Unresolved(_)), "{rules:?}");
             }
             // Without a record the check knows nothing of what was sent.
-            if matches!(event, Event::Unrecorded | Event::Claimed) {
+            if event == Event::Unrecorded {
                 assert!(after.in_doubt, "{rules:?} {facts:?}");
             }
             // Only a verifier can be inconclusive (and only a verifier's
@@ -542,7 +544,7 @@ mod tests {
                 }
                 Event::Holds => assert!(!after.in_doubt),
                 Event::Absent if !facts.completed => assert!(!after.in_doubt),
-                Event::Unrecorded | Event::Claimed if rules.check => assert!(after.in_doubt),
+                Event::Unrecorded if rules.check => assert!(after.in_doubt),
                 _ if event != Event::Answered => {
                     assert_eq!(after.in_doubt, facts.in_doubt, "{rules:?} {event:?}")
                 }

@@ -34,10 +34,10 @@ impl<'a, X: Tool> Call<'a, X> {
                 }
             }
         }
-        if matches!(after, Event::Unrecorded | Event::Claimed) {
-            // A check with no record (no ledger, a tolerated outage, or a
-            // ledger that has none): when the call's attempts went out is
-            // unknown, and one may be out now. Any of them settles by the time one sent now would;
+        if after == Event::Unrecorded {
+            // A check with no record (no ledger, or a tolerated outage):
+            // when the call's attempts went out is unknown, and one may be
+            // out now. Any of them settles by the time one sent now would;
             // an `Absent` before then says nothing.
             let now = self.timeline.at(self.now());
             self.timeline.dispatched(self.timeline.attempt(now));
