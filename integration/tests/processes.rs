@@ -613,13 +613,14 @@ fn across_a_restart(
     }
     drop(sender);
     let mut seen: Seen = Vec::new();
-    let next = |phase: u8, seen: &mut Seen| {
-        let (index, line) = lines.recv_timeout(PATIENCE).expect("a worker's line");
-        seen.push((index, line, phase));
-    };
+    let next =
+        |phase: u8, seen: &mut Seen, workers: &mut Vec<Child>| match lines.recv_timeout(PATIENCE) {
+            Ok((index, line)) => seen.push((index, line, phase)),
+            Err(_) => gave_up(workers, &format!("-m {mode}: no worker's line for {PATIENCE:?}")),
+        };
     // Three calls each, about, before the stop.
     while seen.len() < 3 * WORKERS {
-        next(0, &mut seen);
+        next(0, &mut seen, &mut workers);
     }
     server.stop(mode);
     // Down until every worker has had two calls refused (or failed, its
@@ -632,8 +633,10 @@ fn across_a_restart(
     };
     let since = Instant::now();
     while !(0..WORKERS).all(|index| down(&seen, index) >= 2) {
-        assert!(since.elapsed() < PATIENCE, "-m {mode}: not every worker refused: {seen:#?}");
-        next(1, &mut seen);
+        if since.elapsed() >= PATIENCE {
+            gave_up(&mut workers, &format!("-m {mode}: not every worker refused: {seen:#?}"));
+        }
+        next(1, &mut seen, &mut workers);
     }
     server.start();
     while let Ok((index, line)) = lines.recv_timeout(PATIENCE) {
@@ -647,6 +650,20 @@ fn across_a_restart(
         reader.join().expect("the reader ends");
     }
     (seen, pids)
+}
+
+/// Fails the test with `what` and each worker's exit and stderr (a worker
+/// that never wrote a line said why there), the workers killed first.
+fn gave_up(workers: &mut Vec<Child>, what: &str) -> ! {
+    let mut report = String::new();
+    for (index, mut child) in workers.drain(..).enumerate() {
+        let exited = child.try_wait().ok().flatten();
+        let _ = child.kill();
+        let stderr = child.wait_with_output().map(|o| o.stderr).unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&stderr);
+        report.push_str(&format!("\nworker {index}: exited {exited:?}, stderr: {stderr}"));
+    }
+    panic!("{what}{report}");
 }
 
 /// Issue 17, item 4: transactional workers across a PostgreSQL restart (the
