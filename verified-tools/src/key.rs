@@ -40,7 +40,7 @@
 //! An explicit key ([`KeyScope::Explicit`]) is used as given, with the
 //! fingerprint above.
 
-mod number;
+pub(crate) mod number;
 pub mod payload;
 mod sink;
 

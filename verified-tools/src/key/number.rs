@@ -19,8 +19,9 @@ use serde::ser::{self, Impossible, Serializer};
 
 use super::payload::{KeyError, PayloadHasher};
 
-/// The struct and field name serde_json gives a number's text.
-pub(super) const TOKEN: &str = "$serde_json::private::Number";
+/// The struct and field name serde_json gives a number's text (and the
+/// key its parser hands a visitor).
+pub(crate) const TOKEN: &str = "$serde_json::private::Number";
 
 /// Encodes a number's text by its exact value, as the tool that receives
 /// it sees it: an integer (up to `u128`, or down to `i128::MIN`) as that

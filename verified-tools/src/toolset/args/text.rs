@@ -238,9 +238,10 @@ fn is_plain(key: &str) -> bool {
     !key.is_empty() && key.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-')
 }
 
-/// The private key under which serde_json's parser hands a number to a
-/// visitor when it is built with `arbitrary_precision`.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+// The private key under which serde_json's parser hands a number to a
+// visitor when it is built with `arbitrary_precision`: one constant with
+// the payload hasher's.
+use crate::key::number::TOKEN as NUMBER_TOKEN;
 
 /// Whether serde_json is built with `arbitrary_precision`. A feature of a
 /// dependency cannot be tested with `cfg`, and any crate in the build may
